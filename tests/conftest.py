@@ -1,0 +1,69 @@
+import itertools
+from pathlib import Path
+
+import pytest
+from cookiecutter.main import cookiecutter
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+
+# Answers that need no environment and start no smoke test: the tests do those steps themselves.
+QUIET = {"setup_env": "none", "smoke_test": "no"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="also run the slow tests (as .ci/run does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def is_valid(answers: dict[str, str]) -> bool:
+    """The combinations the template accepts; the pre-generation hook refuses the others."""
+    accelerator, strategy = answers["accelerator"], answers["strategy"]
+    if strategy in ("fsdp", "deepspeed") and accelerator in ("cpu", "mps"):
+        return False
+    if accelerator == "mps" and (strategy != "auto" or answers.get("devices", "1") not in ("1", "auto")):
+        return False
+    return not (answers["precision"] == "16-mixed" and accelerator == "cpu")
+
+
+def answer_matrix() -> list[dict[str, str]]:
+    """Every valid mix of the options that interact, cycling the options that don't."""
+    interacting = itertools.product(
+        ["auto", "gpu", "cpu", "mps"],
+        ["auto", "ddp", "fsdp", "deepspeed"],
+        ["bf16-mixed", "16-mixed", "32-true"],
+        ["wandb", "tensorboard", "csv"],
+    )
+    combos = [
+        dict(zip(["accelerator", "strategy", "precision", "logger"], values, strict=True)) for values in interacting
+    ]
+    combos = [combo for combo in combos if is_valid(combo)]
+    independent = {
+        "backbone": ["resnet18", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "vit_b_16"],
+        "image_size": ["64", "224", "96"],
+        "python_version": ["3.11", "3.10", "3.12", "3.13"],
+        "project_name": ["Image Classifier", "Défect Spotter 2", "leaf_disease", "X-Ray Triage.v2"],
+        "devices": ["1", "2", "auto", "8"],
+    }
+    for index, combo in enumerate(combos):
+        for key, values in independent.items():
+            combo[key] = values[index % len(values)]
+        if combo["accelerator"] == "mps":
+            combo["devices"] = "1"
+    return combos
+
+
+def render(output_dir: Path, **answers: str) -> Path:
+    return Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(output_dir), extra_context=QUIET | answers))
+
+
+@pytest.fixture(scope="session")
+def default_project(tmp_path_factory) -> Path:
+    return render(tmp_path_factory.mktemp("default"))

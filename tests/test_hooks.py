@@ -1,0 +1,63 @@
+"""The pre-generation hook refuses bad answers with one line each, and writes nothing."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import QUIET, TEMPLATE, is_valid
+
+
+def run_cookiecutter(output_dir, **answers: str) -> subprocess.CompletedProcess:
+    args = [f"{key}={value}" for key, value in (QUIET | answers).items()]
+    return subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+REFUSED = [
+    ({"project_name": "2fast"}, "project_slug '2fast' is not a valid"),
+    ({"package_name": "my-classifier"}, "package_name 'my-classifier' is not a valid"),
+    ({"package_name": "class"}, "package_name 'class' is not a valid"),
+    ({"package_name": "torch"}, "shadows the dependency"),
+    ({"package_name": "wandb"}, "shadows the dependency"),
+    ({"package_name": "test"}, "shadows the dependency"),
+    ({"package_name": "json"}, "shadows the standard library"),
+    ({"backbone": "ResNet-18"}, "backbone 'ResNet-18' is not a torchvision model name"),
+    ({"image_size": "big"}, "image_size 'big'"),
+    ({"image_size": "8"}, "image_size '8'"),
+    ({"devices": "0"}, "devices '0'"),
+    ({"devices": "two"}, "devices 'two'"),
+    ({"accelerator": "cpu", "strategy": "deepspeed"}, "strategy deepspeed needs NVIDIA GPUs"),
+    ({"accelerator": "mps", "strategy": "fsdp"}, "strategy fsdp needs NVIDIA GPUs"),
+    ({"accelerator": "cpu", "precision": "16-mixed"}, "16-mixed (float16 AMP) does not run on CPU"),
+    ({"accelerator": "mps", "devices": "2"}, "mps backend trains on one device"),
+]
+
+
+@pytest.mark.parametrize(("answers", "message"), REFUSED, ids=[m for _, m in REFUSED])
+def test_bad_answer_is_refused_and_nothing_is_written(tmp_path, answers, message):
+    result = run_cookiecutter(tmp_path, **answers)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR: ")]
+    assert any(message in error for error in errors), result.stderr
+    assert list(tmp_path.iterdir()) == [], "a refused answer must write nothing"
+
+
+def test_every_refused_combination_is_outside_the_test_matrix():
+    for answers, _ in REFUSED:
+        if {"accelerator", "strategy", "precision"} & answers.keys():
+            assert not is_valid({"accelerator": "auto", "strategy": "auto", "precision": "bf16-mixed"} | answers)
+
+
+def test_value_outside_a_choice_list_is_refused(tmp_path):
+    result = run_cookiecutter(tmp_path, logger="mlflow")
+    assert result.returncode != 0 and list(tmp_path.iterdir()) == []
+
+
+def test_good_answers_render(tmp_path):
+    result = run_cookiecutter(tmp_path, project_name="Leaf Disease", accelerator="gpu", devices="8", strategy="ddp")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "leaf-disease/src/leaf_disease/cli.py").is_file()

@@ -1,0 +1,126 @@
+"""Render the template under every valid mix of answers and check what comes out."""
+
+import re
+import subprocess
+import sys
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+import pytest
+import yaml
+from conftest import answer_matrix, render
+
+MATRIX = answer_matrix()
+
+
+def expected_files(package: str, logger: str) -> set[str]:
+    files = {
+        ".gitignore",
+        "README.md",
+        "pyproject.toml",
+        "configs/default.yaml",
+        *(
+            f"src/{package}/{name}.py"
+            for name in ("__init__", "__main__", "backbone", "cli", "data", "model", "shapes")
+        ),
+        *(f"tests/{name}.py" for name in ("conftest", "test_cli", "test_data", "test_model", "test_shapes")),
+    }
+    if logger == "wandb":
+        files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py"}
+    return files
+
+
+def rendered_files(project) -> set[str]:
+    return {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_matrix_covers_every_valid_mix():
+    assert len(MATRIX) == len({tuple(sorted(c.items())) for c in MATRIX}) > 60
+    for option, values in {
+        "accelerator": {"auto", "gpu", "cpu", "mps"},
+        "strategy": {"auto", "ddp", "fsdp", "deepspeed"},
+        "precision": {"bf16-mixed", "16-mixed", "32-true"},
+        "logger": {"wandb", "tensorboard", "csv"},
+    }.items():
+        assert {combo[option] for combo in MATRIX} == values
+
+
+@pytest.mark.parametrize(
+    "answers", MATRIX, ids=lambda a: "-".join(a[k] for k in ("accelerator", "strategy", "precision", "logger"))
+)
+def test_render(tmp_path, answers):
+    project = render(tmp_path, **answers)
+    package = project.name.replace("-", "_")
+    assert project.name == re.sub(r"[^a-z0-9]+", "-", answers["project_name"].lower().replace("é", "e")).strip("-")
+    assert rendered_files(project) == expected_files(package, answers["logger"])
+
+    for path in project.rglob("*"):
+        if path.is_file():
+            text = path.read_text()
+            assert not re.search(r"\{\{|\{%|\{#|cookiecutter", text), f"unrendered template text in {path}"
+
+    config = yaml.safe_load((project / "configs/default.yaml").read_text())
+    trainer = config["trainer"]
+    devices = answers["devices"]
+    assert trainer["accelerator"] == answers["accelerator"]
+    assert trainer["devices"] == (devices if devices == "auto" else int(devices))
+    assert (trainer["strategy"], trainer["precision"]) == (answers["strategy"], answers["precision"])
+    logger_class = {"wandb": "WandbLogger", "tensorboard": "TensorBoardLogger", "csv": "CSVLogger"}
+    assert trainer["logger"]["class_path"].endswith(logger_class[answers["logger"]])
+    assert config["model"]["backbone"] == answers["backbone"]
+    assert config["data"]["image_size"] == int(answers["image_size"])
+
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    assert pyproject["project"]["requires-python"] == f">={answers['python_version']}"
+    assert pyproject["project"]["scripts"] == {package: f"{package}.cli:main"}
+    dependencies = " ".join(pyproject["project"]["dependencies"])
+    assert ("wandb" in dependencies) == (answers["logger"] == "wandb")
+    assert ("tensorboard" in dependencies) == (answers["logger"] == "tensorboard")
+    assert ("deepspeed" in dependencies) == (answers["strategy"] == "deepspeed")
+
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", str(project)], capture_output=True, text=True
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    fmt = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", str(project)], capture_output=True, text=True
+    )
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def readme_configs(project) -> set[str]:
+    return set(re.findall(r"configs/[\w/.-]+\.yaml", (project / "README.md").read_text()))
+
+
+def print_config(project, *configs: str) -> dict:
+    args = [arg for config in configs for arg in ("--config", config)]
+    result = subprocess.run(
+        [sys.executable, "-m", project.name.replace("-", "_"), "fit", *args, "--print_config"],
+        cwd=project,
+        env={"PYTHONPATH": str(project / "src"), "PATH": "/usr/bin:/bin", "WANDB_MODE": "offline"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return yaml.safe_load(result.stdout)
+
+
+def test_every_config_the_readme_names_loads(default_project):
+    configs = readme_configs(default_project)
+    assert "configs/default.yaml" in configs
+    for config in sorted(configs):
+        assert (default_project / config).is_file(), f"README names {config}, which does not exist"
+        printed = print_config(default_project, config)
+        assert printed["model"]["backbone"] == "resnet18" and printed["data"]["synthetic"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("logger", ["tensorboard", "csv"])
+def test_configs_load_for_other_loggers(tmp_path, logger):
+    project = render(tmp_path, logger=logger, backbone="mobilenet_v3_small")
+    for config in sorted(readme_configs(project)):
+        assert print_config(project, config)["model"]["backbone"] == "mobilenet_v3_small"

@@ -1,0 +1,6 @@
+"""{{ cookiecutter.description }}"""
+
+from .data import ImageDataModule
+from .model import ImageClassifier
+
+__all__ = ["ImageClassifier", "ImageDataModule"]

@@ -1,0 +1,52 @@
+"""The command line: LightningCLI over ImageClassifier and ImageDataModule.
+
+Every option is an `__init__` argument of the model, the data module or the Trainer; YAML files
+hold them, composed by repeating --config (the later file wins).
+"""
+
+import sys
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningCLI
+
+from .data import ImageDataModule
+from .model import ImageClassifier
+{%- if cookiecutter.logger == "wandb" %}
+from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
+{%- endif %}
+
+# Relative to where the command runs: the project folder, as for data/ and runs/.
+DEFAULT_CONFIG = Path("configs/default.yaml")
+
+
+class ClassifierCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        # The model sizes its head from the data and scales its learning rate by the data's batch.
+        parser.link_arguments("data.batch_size", "model.batch_size")
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+{%- if cookiecutter.logger == "wandb" %}
+
+    def before_instantiate_classes(self) -> None:
+        go_offline_unless_reachable()
+{%- endif %}
+
+
+def main(args: list[str] | None = None) -> None:
+    if DEFAULT_CONFIG.is_file():
+        defaults = [str(DEFAULT_CONFIG)]
+    else:
+        defaults = []
+        print(f"No {DEFAULT_CONFIG} in {Path.cwd()}: run from the project folder or pass --config.", file=sys.stderr)
+    ClassifierCLI(
+        ImageClassifier,
+        ImageDataModule,
+        parser_kwargs={
+            command: {"default_config_files": defaults} for command in ("fit", "validate", "test", "predict")
+        },
+{%- if cookiecutter.logger == "wandb" %}
+        save_config_callback=SaveConfigToRun,
+        save_config_kwargs={"save_to_log_dir": False},
+{%- endif %}
+        args=args,
+    )

@@ -1,0 +1,269 @@
+"""ImageDataModule: ImageFolder-style data, split, transformed and loaded."""
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms import v2
+from torchvision.transforms.v2.functional import pil_to_tensor
+
+from . import shapes
+
+# The statistics torchvision's pretrained weights expect; harmless when training from scratch.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class ImageDataModule(L.LightningDataModule):
+    """Images in class folders: `data_dir/<class>/*.jpg`, or `data_dir/{train,val,test}/<class>/*.jpg`.
+
+    With one set of class folders (or `train/` without `val/`), a seeded split stratified by class
+    holds out `val_fraction` of each class for validation.
+
+    Args:
+        data_dir: The image folder.
+        synthetic: When `data_dir` does not exist, draw the built-in shapes dataset there.
+        batch_size: Images per device and step (the effective batch is this x devices x nodes x
+            gradient accumulation).
+        num_workers: Data loading processes per device; "auto" picks from the CPUs per device.
+        image_size: Side in pixels of the square images the model sees.
+        val_fraction: Share of each class held out for validation when there is no `val/` folder.
+        split_seed: Seed of that split; keep it fixed so validation images never leak into training.
+        min_crop_scale: Smallest image area kept by the training random crop.
+        prefetch_factor: Batches each worker loads ahead.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | Path = "data/shapes",
+        synthetic: bool = False,
+        batch_size: int = 64,
+        num_workers: int | Literal["auto"] = "auto",
+        image_size: int = {{ cookiecutter.image_size }},
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        min_crop_scale: float = 0.35,
+        prefetch_factor: int = 2,
+    ) -> None:
+        super().__init__()
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+        self.save_hyperparameters()
+        self.data_dir = Path(data_dir)
+        self.batch_size = batch_size
+        self._class_names: list[str] | None = None
+        self.train_set = self.val_set = self.test_set = None
+
+    @property
+    def class_names(self) -> list[str]:
+        if self._class_names is None:
+            if self.hparams.synthetic and not self.data_dir.exists():
+                self._class_names = list(shapes.CLASSES)
+            else:
+                self._class_names = find_classes(self._train_dir())
+        return self._class_names
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def prepare_data(self) -> None:
+        if self.hparams.synthetic:
+            shapes.draw_shapes_dataset(self.data_dir)
+
+    def setup(self, stage: str) -> None:
+        classes = self.class_names
+        train_dir = self._train_dir()
+        val_dir = self.data_dir / "val"
+        train_transform = build_train_transform(self.hparams.image_size, self.hparams.min_crop_scale)
+        eval_transform = build_eval_transform(self.hparams.image_size)
+
+        # Each split gets its own dataset object and transform, so augmentation never leaks into
+        # validation (the bug of setting .transform on a dataset that two Subsets share).
+        if val_dir.is_dir():
+            train_samples = find_images(train_dir, classes)
+            val_samples = find_images(val_dir, classes)
+        else:
+            samples = find_images(train_dir, classes)
+            train_idx, val_idx = stratified_split(
+                [label for _, label in samples], self.hparams.val_fraction, self.hparams.split_seed
+            )
+            train_samples = [samples[i] for i in train_idx]
+            val_samples = [samples[i] for i in val_idx]
+        self.train_set = ImageFiles(train_samples, train_transform)
+        self.val_set = ImageFiles(val_samples, eval_transform)
+        test_dir = self.data_dir / "test"
+        if test_dir.is_dir():
+            self.test_set = ImageFiles(find_images(test_dir, classes), eval_transform)
+
+    def train_dataloader(self) -> DataLoader:
+        # A last batch of one image breaks BatchNorm, and a short one skews its statistics.
+        return self._loader(self.train_set, shuffle=True, drop_last=len(self.train_set) > self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set)
+
+    def test_dataloader(self) -> DataLoader:
+        if self.test_set is None:
+            raise FileNotFoundError(f"No test split: add {self.data_dir / 'test'} with one folder per class.")
+        return self._loader(self.test_set)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set if self.test_set is not None else self.val_set)
+
+    def state_dict(self) -> dict:
+        # Saved in every checkpoint, so the label order travels with the weights.
+        return {"class_names": self.class_names}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("class_names")
+        if saved is not None and saved != self.class_names:
+            raise ValueError(
+                f"The checkpoint's data had the classes {saved} but {self.data_dir} has {self.class_names}."
+            )
+
+    def _train_dir(self) -> Path:
+        if not self.data_dir.is_dir():
+            raise FileNotFoundError(
+                f"Data folder {self.data_dir} does not exist. Point --data.data_dir at a folder of class "
+                "folders (or of train/ and val/ folders of class folders), or set --data.synthetic=true "
+                "to draw the built-in shapes dataset there."
+            )
+        train_dir = self.data_dir / "train"
+        return train_dir if train_dir.is_dir() else self.data_dir
+
+    def _loader(self, dataset: Dataset, shuffle: bool = False, drop_last: bool = False) -> DataLoader:
+        workers = self.worker_count()
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            num_workers=workers,
+            # Page-locked host memory only speeds up copies to a CUDA device.
+            pin_memory=self._on_cuda(),
+            # Workers that outlive an epoch skip re-forking and re-reading the file list each epoch.
+            persistent_workers=workers > 0,
+            prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
+        )
+
+    def worker_count(self) -> int:
+        if self.hparams.num_workers != "auto":
+            return self.hparams.num_workers
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        devices = self.trainer.num_devices if self.trainer is not None else 1
+        # One core per device stays with the training process; more than 8 workers rarely pays.
+        return max(0, min(8, cpus // devices - 1))
+
+    def _on_cuda(self) -> bool:
+        if self.trainer is not None:
+            return isinstance(self.trainer.accelerator, CUDAAccelerator)
+        return torch.cuda.is_available()
+
+
+class ImageFiles(Dataset):
+    """(path, label) pairs read as uint8 RGB tensors and passed through `transform`."""
+
+    def __init__(self, samples: list[tuple[str, int]], transform: v2.Transform) -> None:
+        self.samples = samples
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        return self.transform(read_rgb(path)), label
+
+
+def read_rgb(path: str) -> torch.Tensor:
+    """Decode any image file to a 3×H×W uint8 tensor; grey, alpha and palette images become RGB."""
+    try:
+        return decode_image(path, mode=ImageReadMode.RGB)
+    except RuntimeError:  # formats torchvision.io cannot decode (BMP, TIFF, PPM): PIL reads them
+        with Image.open(path) as image:
+            return pil_to_tensor(image.convert("RGB"))
+
+
+def build_train_transform(image_size: int, min_crop_scale: float) -> v2.Compose:
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(image_size, scale=(min_crop_scale, 1.0), antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def build_eval_transform(image_size: int) -> v2.Compose:
+    return v2.Compose(
+        [
+            v2.Resize(image_size, antialias=True),
+            v2.CenterCrop(image_size),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+
+
+def find_classes(folder: Path) -> list[str]:
+    classes = _subfolders(folder)
+    if len(classes) < 2:
+        raise ValueError(
+            f"{folder} has {len(classes)} class folder(s) ({', '.join(classes) or 'none'}); a classifier needs "
+            "at least two: put each class's images in a folder of its own under it."
+        )
+    return classes
+
+
+def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
+    """Every image under `folder/<class>/`, labelled by the class's index in `classes`."""
+    unknown = sorted(set(_subfolders(folder)) - set(classes))
+    if unknown:
+        raise ValueError(f"{folder} has class folders the training data lacks: {', '.join(unknown)}")
+    samples, empty = [], []
+    for label, name in enumerate(classes):
+        class_dir = folder / name
+        paths = sorted(
+            os.path.join(root, file)
+            for root, _, files in os.walk(class_dir, followlinks=True)
+            for file in files
+            if file.lower().endswith(IMG_EXTENSIONS)
+        )
+        if class_dir.is_dir() and not paths:
+            empty.append(name)
+        samples += [(path, label) for path in paths]
+    if empty:
+        raise ValueError(
+            f"No images ({', '.join(IMG_EXTENSIONS)}) in the class folder(s) {', '.join(empty)} of {folder}: "
+            "add images or remove the folders."
+        )
+    return samples
+
+
+def _subfolders(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
+
+
+def stratified_split(labels: list[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of a train/val split that holds out `val_fraction` of each class (at least one image
+    of each class that has two or more)."""
+    generator = torch.Generator().manual_seed(seed)
+    by_class: dict[int, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_class.setdefault(label, []).append(index)
+    train, val = [], []
+    for indices in by_class.values():
+        order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
+        n_val = min(len(order) - 1, max(1, round(len(order) * val_fraction)))
+        val += order[:n_val]
+        train += order[n_val:]
+    return sorted(train), sorted(val)

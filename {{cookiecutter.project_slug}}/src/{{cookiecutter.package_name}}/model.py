@@ -1,0 +1,176 @@
+"""ImageClassifier: a torchvision backbone, its metrics and its optimisation recipe."""
+
+import json
+import math
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+from .backbone import build_backbone
+
+
+class ImageClassifier(L.LightningModule):
+    """Classify images with any torchvision classification backbone.
+
+    Args:
+        num_classes: Number of classes; the CLI takes it from the data.
+        class_names: Class names in label order; the CLI takes them from the data and they are
+            saved with every checkpoint.
+        backbone: A torchvision classification model name, such as resnet18 or efficientnet_b0.
+        pretrained: Start from torchvision's ImageNet weights (downloaded once into TORCH_HOME).
+        lr: Peak learning rate for an effective batch of `base_batch_size` images.
+        weight_decay: AdamW weight decay for weight matrices and kernels; biases and norms get none.
+        warmup_fraction: Fraction of the optimizer steps spent warming the learning rate up linearly
+            before the cosine decay.
+        label_smoothing: Label smoothing of the training loss (0 turns it off).
+        batch_size: Images per device and step; the CLI takes it from the data.
+        base_batch_size: The effective batch size at which `lr` applies unscaled.
+        scale_lr: Scale `lr` linearly by effective batch size / `base_batch_size`.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        class_names: list[str] | None = None,
+        backbone: str = "{{ cookiecutter.backbone }}",
+        pretrained: bool = False,
+        lr: float = 2e-3,
+        weight_decay: float = 0.05,
+        warmup_fraction: float = 0.05,
+        label_smoothing: float = 0.0,
+        batch_size: int = 64,
+        base_batch_size: int = 64,
+        scale_lr: bool = True,
+    ) -> None:
+        super().__init__()
+        if class_names is not None and len(class_names) != num_classes:
+            raise ValueError(f"num_classes={num_classes} but {len(class_names)} class names were given")
+        self.save_hyperparameters()
+        self.backbone = build_backbone(backbone, num_classes, pretrained)
+        self.train_metrics = _classification_metrics(num_classes, "train/")
+        self.val_metrics = _classification_metrics(num_classes, "val/")
+        self.test_metrics = _classification_metrics(num_classes, "test/")
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.backbone(images)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        self.train_metrics.update(logits, labels)
+        # No sync_dist here: a per-step all-reduce would stall every step for a number only plotted.
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(labels))
+        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, self.val_metrics, "val")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, self.test_metrics, "test")
+
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection, stage: str) -> None:
+        images, labels = batch
+        logits = self(images)
+        # Plain cross-entropy, so evaluation losses compare across label-smoothing settings.
+        loss = F.cross_entropy(logits, labels)
+        metrics.update(logits, labels)
+        # Torchmetrics objects sync their states across processes when computed at epoch end;
+        # the loss is a plain tensor, so it needs sync_dist to be averaged over every rank.
+        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=len(labels))
+        self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
+
+    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self(images).softmax(dim=-1)
+
+    def configure_optimizers(self) -> dict:
+        # Biases and norm scales (the 1-D parameters) only fight the normalisation when decayed.
+        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": self.hparams.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=self.scaled_lr(),
+        )
+        total_steps = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total_steps):
+            raise ValueError(
+                "The learning-rate schedule needs the run's length: set trainer.max_epochs or trainer.max_steps."
+            )
+        warmup_steps = round(total_steps * self.hparams.warmup_fraction)
+        schedule = partial(warmup_cosine, warmup_steps=warmup_steps, total_steps=int(total_steps))
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": LambdaLR(optimizer, schedule), "interval": "step"},
+        }
+
+    def scaled_lr(self) -> float:
+        """`lr` scaled by the effective batch size; the arithmetic is logged once at the start."""
+        lr = self.hparams.lr
+        if not self.hparams.scale_lr:
+            rank_zero_info(f"Learning rate {lr:.3g} (scale_lr is off)")
+            return lr
+        devices, accumulate = self.trainer.world_size, self.trainer.accumulate_grad_batches
+        effective = self.hparams.batch_size * devices * accumulate
+        # Linear scaling keeps the update per image steady when the batch grows (Goyal et al., 2017).
+        scaled = lr * effective / self.hparams.base_batch_size
+        rank_zero_info(
+            f"Learning rate {scaled:.3g} = {lr:.3g} x effective batch {effective} "
+            f"({self.hparams.batch_size} per device x {devices} devices x {accumulate} accumulated) "
+            f"/ base batch {self.hparams.base_batch_size}"
+        )
+        return scaled
+
+    def setup(self, stage: str) -> None:
+        class_names = getattr(self.trainer.datamodule, "class_names", None)
+        if class_names is not None and len(class_names) != self.hparams.num_classes:
+            raise ValueError(
+                f"The model has {self.hparams.num_classes} classes but the data has {len(class_names)} "
+                f"({', '.join(class_names)}). Train a model on this data, or point --data.data_dir at data "
+                "with the model's classes."
+            )
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        saved = checkpoint.get("hyper_parameters", {})
+        if saved.get("class_names") and self.hparams.class_names and saved["class_names"] != self.hparams.class_names:
+            raise ValueError(
+                f"The checkpoint was trained on the classes {saved['class_names']} but this model (and its "
+                f"data) has {self.hparams.class_names}. Use data with the checkpoint's classes, or train anew."
+            )
+
+    def on_fit_start(self) -> None:
+        # Keep the label order next to the checkpoints, for tools that read no checkpoint.
+        checkpoint = self.trainer.checkpoint_callback
+        if self.trainer.is_global_zero and checkpoint is not None and checkpoint.dirpath and self.hparams.class_names:
+            folder = Path(checkpoint.dirpath)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "class_names.json").write_text(json.dumps(self.hparams.class_names, indent=2) + "\n")
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Learning-rate factor: linear from ~0 to 1 over `warmup_steps`, then cosine down to 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
+    metrics = {
+        "acc": MulticlassAccuracy(num_classes, average="micro"),
+        "f1": MulticlassF1Score(num_classes, average="macro"),
+    }
+    if num_classes > 5:
+        metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+    return MetricCollection(metrics, prefix=prefix)

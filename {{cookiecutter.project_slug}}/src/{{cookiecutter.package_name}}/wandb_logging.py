@@ -1,0 +1,61 @@
+"""Weights & Biases that never hangs or crashes for want of a key or a network."""
+
+import netrc
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+
+def go_offline_unless_reachable() -> None:
+    """Log offline, and say so in one line, when there is no API key or the W&B server is out of reach.
+
+    Without this, W&B stops the run at setup when no key is set, and waits about 100 s when the
+    server is unreachable. An explicit WANDB_MODE is left alone.
+    """
+    if os.environ.get("WANDB_MODE"):
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    if not (os.environ.get("WANDB_API_KEY") or _netrc_has(host)):
+        reason = "no API key (set WANDB_API_KEY or run `wandb login`)"
+    elif not _reachable(host):
+        reason = f"{host} cannot be reached"
+    else:
+        return
+    os.environ["WANDB_MODE"] = "offline"  # inherited by the processes of a multi-device run
+    rank_zero_info(f"W&B logs offline: {reason}. Upload later with `wandb sync runs/wandb/offline-run-*`.")
+
+
+def _netrc_has(host: str) -> bool:
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _reachable(host: str, timeout: float = 3.0) -> bool:
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+class SaveConfigToRun(SaveConfigCallback):
+    """Save the resolved config as config.yaml in the run's folder and in the W&B run.
+
+    LightningCLI's default writes it to trainer.log_dir, which for W&B is the folder all runs share.
+    """
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        logger = trainer.logger
+        if not isinstance(logger, WandbLogger):
+            return
+        run_dir = Path(logger.save_dir) / str(logger.name) / str(logger.version)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, run_dir / self.config_filename, overwrite=True)
+        logger.log_hyperparams({"config": self.config.as_dict()})

@@ -1,0 +1,41 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+{%- if cookiecutter.logger == "wandb" %}
+import wandb
+{%- endif %}
+
+from {{ cookiecutter.package_name }}.shapes import draw_shapes_dataset
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+# Tests never talk to a W&B server, whatever the machine's login.
+os.environ["WANDB_MODE"] = "offline"
+
+
+{%- if cookiecutter.logger == "wandb" %}
+
+
+@pytest.fixture(autouse=True)
+def finish_wandb_run():
+    # One process is one W&B run; tests that train twice in a process must end the first run.
+    yield
+    wandb.finish()
+{%- endif %}
+
+
+@pytest.fixture(scope="session")
+def tiny_shapes(tmp_path_factory) -> Path:
+    """A small copy of the built-in dataset: 6 classes, train/val/test, 32 px."""
+    root = tmp_path_factory.mktemp("data") / "shapes"
+    return draw_shapes_dataset(root, images_per_class={"train": 12, "val": 4, "test": 4}, size=32)
+
+
+@pytest.fixture
+def in_project_copy(tmp_path, monkeypatch) -> Path:
+    """Run from a scratch folder holding the project's configs, so runs/ and data/ land there."""
+    shutil.copytree(PROJECT_ROOT / "configs", tmp_path / "configs")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

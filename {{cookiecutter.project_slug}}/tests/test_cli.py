@@ -1,0 +1,76 @@
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.shapes import CLASSES
+
+# The tests run on CPU whatever hardware the project was generated for.
+ON_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
+
+
+def run_cli(monkeypatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
+    main()
+
+
+def on_data(data_dir: Path) -> list[str]:
+    return [f"--data.data_dir={data_dir}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
+
+
+def test_fast_dev_run_through_the_command_line(monkeypatch, in_project_copy, tiny_shapes):
+    run_cli(monkeypatch, "fit", "--trainer.fast_dev_run=true", *ON_CPU, *on_data(tiny_shapes))
+    assert not (in_project_copy / "runs").exists(), "fast_dev_run should write nothing"
+
+
+def test_short_fit_writes_a_run_folder_that_reloads(monkeypatch, in_project_copy, tiny_shapes):
+    run_cli(
+        monkeypatch,
+        "fit",
+        *ON_CPU,
+        *on_data(tiny_shapes),
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.limit_val_batches=2",
+        "--model.backbone=resnet18",
+    )
+    (run,) = [p for p in (in_project_copy / "runs").glob("*/*") if (p / "checkpoints").is_dir()]
+    checkpoints = run / "checkpoints"
+    names = sorted(p.name for p in checkpoints.iterdir())
+    assert "last.ckpt" in names and "class_names.json" in names
+    (best,) = [name for name in names if name.startswith("epoch000-acc")]
+    assert best.endswith(".ckpt") and "/" not in best
+    assert (run / "config.yaml").is_file()
+    assert json.loads((checkpoints / "class_names.json").read_text()) == list(CLASSES)
+
+    model = ImageClassifier.load_from_checkpoint(checkpoints / "last.ckpt", map_location="cpu").eval()
+    assert model.hparams.class_names == list(CLASSES)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, len(CLASSES))
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["ImageDataModule"]["class_names"] == list(CLASSES)
+
+
+def test_checkpoint_on_data_with_other_classes_is_refused(monkeypatch, in_project_copy, tiny_shapes, tmp_path):
+    one_batch = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+    run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), *one_batch)
+    (last,) = (in_project_copy / "runs").glob("*/*/checkpoints/last.ckpt")
+    other = tmp_path / "other"
+    for i, name in enumerate(["ant", "bee", "cat", "dog", "eel", "fox"]):
+        source = tiny_shapes / "train" / CLASSES[i]
+        (other / name).mkdir(parents=True)
+        for image in list(source.iterdir())[:3]:
+            (other / name / image.name).write_bytes(image.read_bytes())
+    with pytest.raises(ValueError, match="trained on the classes"):
+        run_cli(monkeypatch, "validate", *ON_CPU, *on_data(other), f"--ckpt_path={last}")
+
+
+def test_every_option_is_documented_in_help(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, "fit", "--help")
+    help_text = capsys.readouterr().out
+    for option in ("--model.backbone", "--model.scale_lr", "--data.data_dir", "--data.num_workers"):
+        assert option in help_text
+    assert "Scale `lr` linearly" in help_text

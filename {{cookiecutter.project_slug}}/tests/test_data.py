@@ -1,0 +1,123 @@
+from collections import Counter
+
+import pytest
+import torch
+from PIL import Image
+
+from {{ cookiecutter.package_name }}.data import ImageDataModule, read_rgb, stratified_split
+from {{ cookiecutter.package_name }}.shapes import CLASSES
+
+
+def make_folder(root, counts: dict[str, int], size: int = 20):
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True)
+        for i in range(count):
+            Image.new("RGB", (size, size), (i * 10 % 255, 50, 100)).save(root / name / f"{i}.png")
+    return root
+
+
+def test_stratified_split_keeps_class_shares_and_is_seeded():
+    labels = [0] * 50 + [1] * 30 + [2] * 20
+    train, val = stratified_split(labels, 0.2, seed=0)
+    assert not set(train) & set(val)
+    assert sorted(train + val) == list(range(100))
+    assert Counter(labels[i] for i in val) == {0: 10, 1: 6, 2: 4}
+    assert stratified_split(labels, 0.2, seed=0) == (train, val)
+    assert stratified_split(labels, 0.2, seed=1) != (train, val)
+
+
+def test_split_holds_out_one_image_of_small_classes_and_keeps_one_for_training():
+    train, val = stratified_split([0, 0, 1], 0.1, seed=0)
+    assert len(val) == 1 and {0, 1} <= {[0, 0, 1][i] for i in train}
+
+
+def test_single_folder_is_split_per_class(tmp_path):
+    data = ImageDataModule(make_folder(tmp_path, {"cat": 10, "dog": 5}), val_fraction=0.2, num_workers=0)
+    data.setup("fit")
+    assert data.class_names == ["cat", "dog"]
+    assert Counter(label for _, label in data.val_set.samples) == {0: 2, 1: 1}
+    assert len(data.train_set) + len(data.val_set) == 15
+    assert not {p for p, _ in data.train_set.samples} & {p for p, _ in data.val_set.samples}
+
+
+def test_train_val_test_folders_are_used_as_they_are(tiny_shapes):
+    data = ImageDataModule(tiny_shapes, num_workers=0)
+    data.setup("fit")
+    assert data.class_names == list(CLASSES)
+    assert (len(data.train_set), len(data.val_set), len(data.test_set)) == (72, 24, 24)
+    assert all("/val/" in path for path, _ in data.val_set.samples)
+
+
+def test_train_and_val_transforms_stay_separate(tiny_shapes):
+    data = ImageDataModule(tiny_shapes, image_size=24, num_workers=0)
+    data.setup("fit")
+    assert data.train_set.transform is not data.val_set.transform
+    torch.manual_seed(0)
+    val_a, val_b = data.val_set[0][0], data.val_set[0][0]
+    assert val_a.shape == (3, 24, 24) and torch.equal(val_a, val_b)
+    train_views = [data.train_set[0][0] for _ in range(5)]
+    assert train_views[0].shape == (3, 24, 24)
+    assert any(not torch.equal(train_views[0], view) for view in train_views[1:]), "training is not augmented"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_worker_settings(tiny_shapes, workers):
+    data = ImageDataModule(tiny_shapes, num_workers=workers, batch_size=8)
+    data.setup("fit")
+    loader = data.train_dataloader()
+    assert loader.num_workers == workers
+    assert loader.persistent_workers is (workers > 0)
+    assert loader.prefetch_factor == (2 if workers else None)
+    assert loader.pin_memory is torch.cuda.is_available()
+    assert loader.drop_last and data.val_dataloader().drop_last is False
+
+
+def test_auto_workers_leave_a_core_for_training(tiny_shapes):
+    count = ImageDataModule(tiny_shapes).worker_count()
+    assert 0 <= count <= 8
+
+
+def test_missing_folder_says_how_to_point_at_data(tmp_path):
+    data = ImageDataModule(tmp_path / "nowhere")
+    data.prepare_data()
+    with pytest.raises(FileNotFoundError, match="--data.data_dir.*--data.synthetic=true"):
+        data.setup("fit")
+
+
+def test_synthetic_data_knows_its_classes_before_it_is_drawn(tmp_path):
+    data = ImageDataModule(tmp_path / "shapes", synthetic=True)
+    assert data.class_names == list(CLASSES) and not (tmp_path / "shapes").exists()
+
+
+def test_one_class_is_refused(tmp_path):
+    data = ImageDataModule(make_folder(tmp_path, {"cat": 3}))
+    with pytest.raises(ValueError, match="at least two"):
+        data.setup("fit")
+
+
+def test_empty_class_folder_is_named(tmp_path):
+    make_folder(tmp_path, {"cat": 3, "dog": 3})
+    (tmp_path / "bird").mkdir()
+    data = ImageDataModule(tmp_path, num_workers=0)
+    with pytest.raises(ValueError, match="bird"):
+        data.setup("fit")
+
+
+def test_val_class_unknown_to_training_is_refused(tmp_path):
+    make_folder(tmp_path / "train", {"cat": 3, "dog": 3})
+    make_folder(tmp_path / "val", {"cat": 1, "fox": 1})
+    with pytest.raises(ValueError, match="fox"):
+        ImageDataModule(tmp_path, num_workers=0).setup("fit")
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "CMYK"])
+def test_images_of_any_mode_become_rgb(tmp_path, mode):
+    path = tmp_path / ("image.jpg" if mode == "CMYK" else "image.png")
+    Image.new(mode, (9, 7)).save(path)
+    image = read_rgb(str(path))
+    assert image.shape == (3, 7, 9) and image.dtype == torch.uint8
+
+
+def test_formats_torchvision_cannot_decode_fall_back_to_pil(tmp_path):
+    Image.new("RGB", (9, 7), (1, 2, 3)).save(tmp_path / "image.bmp")
+    assert read_rgb(str(tmp_path / "image.bmp"))[:, 0, 0].tolist() == [1, 2, 3]

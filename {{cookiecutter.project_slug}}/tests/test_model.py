@@ -1,0 +1,110 @@
+import math
+from types import SimpleNamespace
+from urllib.error import URLError
+
+import lightning as L
+import pytest
+import torch
+import torchvision
+
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.model import ImageClassifier, warmup_cosine
+
+
+@pytest.mark.parametrize("backbone", ["resnet18", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1"])
+def test_forward_gives_one_logit_per_class(backbone):
+    model = ImageClassifier(num_classes=7, backbone=backbone).eval()
+    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 7)
+
+
+def test_unknown_backbone_fails_at_once_with_the_closest_names():
+    with pytest.raises(ValueError, match="Unknown backbone 'resnet81'.*resnet18"):
+        ImageClassifier(num_classes=3, backbone="resnet81")
+
+
+def test_pretrained_weights_that_cannot_be_downloaded_say_where_to_put_them(monkeypatch):
+    def offline(*args, **kwargs):
+        raise URLError("no network")
+
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
+    with pytest.raises(RuntimeError, match=r"resnet18-f37072fd\.pth.*--model\.pretrained=false"):
+        ImageClassifier(num_classes=3, backbone="resnet18", pretrained=True)
+
+
+@pytest.mark.parametrize("backbone", ["resnet18", "squeezenet1_1"])
+def test_pretrained_weights_load_and_get_a_new_head(monkeypatch, backbone):
+    imagenet = torchvision.models.get_model(backbone, weights=None).state_dict()
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", lambda *a, **k: imagenet)
+    model = ImageClassifier(num_classes=4, backbone=backbone, pretrained=True).eval()
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 4)
+    some_kernel = next(name for name in imagenet if name.endswith("weight") and imagenet[name].ndim == 4)
+    assert torch.equal(model.backbone.state_dict()[some_kernel], imagenet[some_kernel])
+
+
+def test_norms_and_biases_get_no_weight_decay():
+    model = ImageClassifier(num_classes=3, weight_decay=0.1)
+    model._trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=1, estimated_stepping_batches=100)
+    decay, no_decay = model.configure_optimizers()["optimizer"].param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_learning_rate_scales_with_the_effective_batch():
+    model = ImageClassifier(num_classes=3, lr=1e-3, batch_size=32, base_batch_size=64)
+    model._trainer = SimpleNamespace(world_size=4, accumulate_grad_batches=2, estimated_stepping_batches=10)
+    assert model.scaled_lr() == pytest.approx(1e-3 * 32 * 4 * 2 / 64)
+    model.hparams.scale_lr = False
+    assert model.scaled_lr() == 1e-3
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    factors = [warmup_cosine(step, warmup_steps=10, total_steps=100) for step in range(101)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[9:], factors[10:], strict=False))
+    assert factors[100] == pytest.approx(0.0, abs=1e-9) and math.isclose(factors[55], 0.5)
+
+
+def test_schedule_needs_the_run_length():
+    model = ImageClassifier(num_classes=3)
+    model._trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=1, estimated_stepping_batches=math.inf)
+    with pytest.raises(ValueError, match="max_epochs or trainer.max_steps"):
+        model.configure_optimizers()
+
+
+def test_class_names_must_match_num_classes():
+    with pytest.raises(ValueError, match="3 class names"):
+        ImageClassifier(num_classes=2, class_names=["a", "b", "c"])
+
+
+def test_model_and_data_with_different_classes_stop_before_training(tiny_shapes):
+    trainer = L.Trainer(accelerator="cpu", fast_dev_run=True, logger=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match="model has 3 classes but the data has 6"):
+        trainer.fit(ImageClassifier(num_classes=3), ImageDataModule(tiny_shapes, num_workers=0))
+
+
+class RecordLoss(L.Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(outputs["loss"].item())
+
+
+def test_overfitting_one_batch_drives_the_loss_down(tiny_shapes):
+    L.seed_everything(0)
+    data = ImageDataModule(tiny_shapes, batch_size=8, image_size=32, num_workers=0)
+    model = ImageClassifier(num_classes=6, lr=2e-3, warmup_fraction=0.0, batch_size=8, base_batch_size=8)
+    recorder = RecordLoss()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=40,
+        overfit_batches=1,
+        callbacks=[recorder],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, data)
+    assert min(recorder.losses[-5:]) < 0.2 * recorder.losses[0]

@@ -1,0 +1,57 @@
+import logging
+import os
+import sys
+
+import pytest
+import wandb
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.wandb_logging import go_offline_unless_reachable
+
+
+@pytest.fixture
+def no_wandb_settings(monkeypatch, tmp_path):
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "netrc").write_text("")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+
+
+def test_no_api_key_goes_offline_and_says_so(no_wandb_settings, caplog):
+    with caplog.at_level(logging.INFO):
+        go_offline_unless_reachable()
+    assert os.environ["WANDB_MODE"] == "offline"
+    assert "W&B logs offline: no API key" in caplog.text
+
+
+def test_unreachable_server_goes_offline_instead_of_hanging(no_wandb_settings, monkeypatch, caplog):
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.invalid")
+    with caplog.at_level(logging.INFO):
+        go_offline_unless_reachable()
+    assert os.environ["WANDB_MODE"] == "offline"
+    assert "wandb.invalid cannot be reached" in caplog.text
+
+
+def test_explicit_mode_is_left_alone(no_wandb_settings, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    go_offline_unless_reachable()
+    assert os.environ["WANDB_MODE"] == "disabled"
+
+
+def test_each_run_keeps_its_own_config(monkeypatch, in_project_copy, tiny_shapes):
+    trainer = [
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.strategy=auto",
+        "--trainer.precision=32-true",
+    ]
+    one_batch = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
+    for _ in range(2):
+        monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *trainer, *one_batch, *data])
+        main()
+        wandb.finish()  # what the end of a process does between two real runs
+    configs = list((in_project_copy / "runs" / "{{ cookiecutter.project_slug }}").glob("*/config.yaml"))
+    assert len(configs) == 2
+    assert len(list((in_project_copy / "runs" / "wandb").glob("offline-run-*"))) == 2
