@@ -3,6 +3,7 @@
 import csv
 import os
 import re
+import site
 import subprocess
 import sys
 import venv
@@ -55,14 +56,17 @@ def test_project_installs_with_its_console_script(tmp_path, default_project, ins
     # The environment borrows the test environment's packages: this checks the project's own
     # packaging (build backend, src layout, entry point), not a fresh torch download.
     env_dir = tmp_path / "env"
-    venv.create(env_dir, system_site_packages=True, with_pip=installer == "pip")
+    venv.create(env_dir, with_pip=installer == "pip")
     python = env_dir / "bin" / "python"
+    purelib = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    (Path(purelib.decode().strip()) / "test_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     if installer == "pip":
         install = [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", str(default_project)]
     else:
         install = [sys.executable, "-m", "uv", "pip", "install", "--python", str(python), "--no-deps",
                    "--no-build-isolation", "-e", str(default_project)]  # fmt: skip
-    subprocess.run(install, check=True, capture_output=True, timeout=600)
+    installed = subprocess.run(install, capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     result = subprocess.run(
         [str(env_dir / "bin" / "image_classifier"), "fit", "--help"],
         cwd=tmp_path,

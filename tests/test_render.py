@@ -24,9 +24,10 @@ def expected_files(package: str, logger: str) -> set[str]:
         "configs/default.yaml",
         *(
             f"src/{package}/{name}.py"
-            for name in ("__init__", "__main__", "backbone", "cli", "data", "model", "shapes")
+            for name in ("__init__", "__main__", "backbone", "cli", "data", "doctor", "model", "shapes")
         ),
-        *(f"tests/{name}.py" for name in ("conftest", "test_cli", "test_data", "test_model", "test_shapes")),
+        *(f"tests/{name}.py" for name in ("conftest", "test_cli", "test_data", "test_doctor", "test_model")),
+        "tests/test_shapes.py",
     }
     if logger == "wandb":
         files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py"}

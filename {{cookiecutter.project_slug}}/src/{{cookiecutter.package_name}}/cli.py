@@ -9,6 +9,7 @@ from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
+from . import doctor
 from .data import ImageDataModule
 from .model import ImageClassifier
 {%- if cookiecutter.logger == "wandb" %}
@@ -33,6 +34,9 @@ class ClassifierCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
+    args = sys.argv[1:] if args is None else args
+    if args[:1] == ["doctor"]:
+        sys.exit(doctor.main(args[1:], DEFAULT_CONFIG))
     if DEFAULT_CONFIG.is_file():
         defaults = [str(DEFAULT_CONFIG)]
     else:

@@ -19,8 +19,8 @@ def go_offline_unless_reachable() -> None:
     """
     if os.environ.get("WANDB_MODE"):
         return
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
-    if not (os.environ.get("WANDB_API_KEY") or _netrc_has(host)):
+    host = _server()
+    if not has_api_key():
         reason = "no API key (set WANDB_API_KEY or run `wandb login`)"
     elif not _reachable(host):
         reason = f"{host} cannot be reached"
@@ -30,11 +30,18 @@ def go_offline_unless_reachable() -> None:
     rank_zero_info(f"W&B logs offline: {reason}. Upload later with `wandb sync runs/wandb/offline-run-*`.")
 
 
-def _netrc_has(host: str) -> bool:
+def has_api_key() -> bool:
+    """A key in WANDB_API_KEY or in the netrc file that `wandb login` writes."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
     try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(_server()) is not None
     except (OSError, netrc.NetrcParseError):
         return False
+
+
+def _server() -> str:
+    return urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
 
 
 def _reachable(host: str, timeout: float = 3.0) -> bool:

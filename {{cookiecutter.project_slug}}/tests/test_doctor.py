@@ -1,0 +1,72 @@
+import json
+import sys
+from collections import namedtuple
+
+import pytest
+
+from {{ cookiecutter.package_name }} import doctor
+from {{ cookiecutter.package_name }}.cli import main
+
+NO_GPU = {"python": "3.11", "torch": "2.5", "cuda": None, "cudnn": None, "nccl": None, "gpus": [], "mps": False}
+NO_GPU["cpus"] = 4
+GPU = {"name": "Tesla V100", "capability": "7.0", "memory_gib": 32.0, "bf16": False, "tf32": False}
+
+
+def config(**trainer) -> dict:
+    return {"trainer": {"accelerator": "cpu", "precision": "32-true", "strategy": "auto"} | trainer, "data": {}}
+
+
+def failures(facts: dict, settings: dict) -> list[doctor.Check]:
+    return [check for check in doctor.checks(facts, settings) if check.verdict == "fail"]
+
+
+def test_a_cpu_config_on_a_cpu_machine_passes():
+    assert failures(NO_GPU, config()) == []
+
+
+def test_gpu_without_cuda_device_fails_with_a_fix():
+    (failure,) = failures(NO_GPU, config(accelerator="gpu"))
+    assert "no CUDA device" in failure.what and "CUDA build of torch" in failure.fix
+
+
+def test_more_devices_than_gpus_fails():
+    facts = NO_GPU | {"cuda": "12.4", "gpus": [GPU | {"bf16": True}] * 2}
+    (failure,) = failures(facts, config(accelerator="gpu", devices=4))
+    assert "2 GPU(s)" in failure.what and "devices to 2" in failure.fix
+
+
+def test_bf16_on_a_gpu_without_it_fails():
+    facts = NO_GPU | {"cuda": "12.4", "gpus": [GPU]}
+    (failure,) = failures(facts, config(accelerator="gpu", precision="bf16-mixed"))
+    assert "16-mixed" in failure.fix
+
+
+def test_fp16_on_cpu_fails():
+    (failure,) = failures(NO_GPU, config(precision="16-mixed"))
+    assert "needs a CUDA GPU" in failure.what
+
+
+def test_too_many_workers_warn():
+    settings = config(devices=2) | {"data": {"num_workers": 8}}
+    warnings = [c for c in doctor.checks(NO_GPU, settings) if c.verdict == "warn"]
+    assert any("exceed the 4 CPUs" in c.what for c in warnings)
+
+
+def test_small_shared_memory_warns(monkeypatch):
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: Usage(64 * 2**20, 0, 64 * 2**20))
+    settings = config() | {"data": {"num_workers": 2, "image_size": 224, "batch_size": 128}}
+    warnings = [c for c in doctor.checks(NO_GPU, settings) if c.verdict == "warn"]
+    assert any("/dev/shm" in c.what and "--shm-size" in c.fix for c in warnings)
+
+
+def test_doctor_command_reports_this_machine_as_json(monkeypatch, capsys, tmp_path):
+    (tmp_path / "cpu.yaml").write_text("trainer:\n  accelerator: cpu\n  precision: 32-true\n")
+    args = ["doctor", "--json", "--config", str(tmp_path / "cpu.yaml")]
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
+    with pytest.raises(SystemExit) as exit:
+        main()
+    report = json.loads(capsys.readouterr().out)
+    assert exit.value.code == 0
+    assert report["machine"]["torch"] and report["machine"]["cpus"] >= 1
+    assert {check["verdict"] for check in report["checks"]} <= {"ok", "info", "warn"}
