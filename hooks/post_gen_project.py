@@ -1,21 +1,316 @@
-"""Shape the rendered project to the answers: files of options not chosen are removed, not left empty."""
+"""After rendering: drop the files of options not chosen, start git, make the environment, smoke-test.
 
+Standard library only: this runs under the interpreter that runs cookiecutter. It never exits
+non-zero, because cookiecutter deletes the project when a post-generation hook fails: a failed
+install or smoke test prints what failed, the log and the likely fix, and keeps the project.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
+from urllib.parse import urlparse
 
-LOGGER = {{ cookiecutter.logger | tojson }}
-PACKAGE = Path("src") / {{ cookiecutter.package_name | tojson }}
-
+ANSWERS = {
+    "project_slug": {{ cookiecutter.project_slug | tojson }},
+    "package_name": {{ cookiecutter.package_name | tojson }},
+    "python_version": {{ cookiecutter.python_version | tojson }},
+    "accelerator": {{ cookiecutter.accelerator | tojson }},
+    "devices": {{ cookiecutter.devices | tojson }},
+    "strategy": {{ cookiecutter.strategy | tojson }},
+    "precision": {{ cookiecutter.precision | tojson }},
+    "logger": {{ cookiecutter.logger | tojson }},
+    "setup_env": {{ cookiecutter.setup_env | tojson }},
+    "smoke_test": {{ cookiecutter.smoke_test | tojson }},
+}
+PACKAGE = ANSWERS["package_name"]
+# "1" runs the environment and smoke-test steps even in CI, without a terminal or in a temporary
+# folder; "0" never runs them.
+FORCE = "LIGHTNING_TEMPLATE_SETUP"
+LOG = Path("runs") / "smoke-test" / "setup.log"
+VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
 UNSELECTED = {
-    PACKAGE / "wandb_logging.py": LOGGER != "wandb",
-    Path("tests") / "test_wandb_logging.py": LOGGER != "wandb",
+    Path("src") / PACKAGE / "wandb_logging.py": ANSWERS["logger"] != "wandb",
+    Path("tests") / "test_wandb_logging.py": ANSWERS["logger"] != "wandb",
 }
 
 
-def remove_unselected() -> None:
+class StepFailed(Exception):
+    def __init__(self, command: list[str], fix: str) -> None:
+        super().__init__(" ".join(command))
+        self.command, self.fix = command, fix
+
+
+def main() -> None:
     for path, unselected in UNSELECTED.items():
         if unselected:
             path.unlink()
+    start_git()
+    skipped = skip_reason()
+    if skipped:
+        say(f"No environment or smoke test: {skipped}. Set {FORCE}=1 to run them anyway.")
+        print_next_steps(None)
+        return
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    LOG.write_text("")
+    try:
+        python = make_environment()
+    except StepFailed as failure:
+        report_failure("environment setup failed", failure)
+        return
+    if python and ANSWERS["smoke_test"] == "yes":
+        try:
+            smoke_test(python)
+        except StepFailed as failure:
+            report_failure("smoke test failed", failure)
+            return
+    print_next_steps(python)
+
+
+def skip_reason() -> str | None:
+    if ANSWERS["setup_env"] == "none" and ANSWERS["smoke_test"] == "no":
+        return "setup_env=none and smoke_test=no"
+    forced = os.environ.get(FORCE)
+    if forced == "1":
+        return None
+    if forced == "0":
+        return f"{FORCE}=0"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        return "CI is set"
+    parent = Path.cwd().parent
+    # cruft re-renders the template into tempfile.TemporaryDirectory() folders on update and check.
+    if re.fullmatch(r"tmp[a-z0-9_]{8}", parent.name) and parent.parent == Path(tempfile.gettempdir()).resolve():
+        return "rendered into a temporary folder (a template update)"
+    if sys.stdin is None or not sys.stdin.isatty():
+        return "no terminal"
+    return None
+
+
+def start_git() -> None:
+    if shutil.which("git") is None:
+        say("git is not installed: no repository was made.")
+        return
+    inside = subprocess.run(["git", "rev-parse", "--git-dir"], cwd="..", capture_output=True)
+    if inside.returncode == 0:
+        say("The project is inside a git repository already: no new repository was made.")
+        return
+    subprocess.run(["git", "init", "-q"], check=True)
+    subprocess.run(["git", "add", "-A"], check=True)
+    commit = subprocess.run(["git", "commit", "-q", "-m", "New project from lightning-template"], capture_output=True)
+    if commit.returncode == 0:
+        say("git: a repository with a first commit of the generated files.")
+    else:
+        say("git: a repository with the files staged; commit them once git knows your name and email.")
+
+
+def make_environment() -> str | None:
+    """The Python that runs the project: a new .venv, the current interpreter, or None."""
+    choice = ANSWERS["setup_env"]
+    if choice == "none":
+        say("setup_env=none: no environment made, so no smoke test either.")
+        return None
+    if choice == "current":
+        missing = run_quiet([sys.executable, "-c", MISSING_MODULES]).strip()
+        if missing:
+            raise StepFailed(
+                [sys.executable],
+                f"this Python lacks {missing}: choose setup_env=uv or venv, or install them into it",
+            )
+        say(f"Using {sys.executable} as it is (with src/ on PYTHONPATH); nothing was installed into it.")
+        return sys.executable
+
+    unreachable = package_index_unreachable()
+    if unreachable:
+        raise StepFailed(["(package index)"], f"{unreachable}; when online: {install_hint(choice)}")
+    # uv installed beside cookiecutter (in its venv or pipx environment) counts too.
+    uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    if choice == "uv" and uv is None:
+        say("uv is not installed (https://docs.astral.sh/uv/): using python -m venv and pip instead.")
+    if choice == "uv" and uv:
+        step("Making .venv with uv", [uv, "venv", "--quiet", "--python", interpreter_for_venv(), ".venv"])
+        step("Installing the project and its dependencies with uv", [uv, "pip", "install", "--python", VENV_PYTHON, "-e", ".[dev]"], show=True)  # fmt: skip
+    else:
+        step("Making .venv", [interpreter_for_venv(), "-m", "venv", ".venv"])
+        step("Installing the project and its dependencies with pip (torch is large: minutes)", [VENV_PYTHON, "-m", "pip", "install", "-e", ".[dev]"], show=True)  # fmt: skip
+    return VENV_PYTHON
+
+
+MISSING_MODULES = (
+    "import importlib.util as u;"
+    "print(' '.join(m for m in ('torch', 'torchvision', 'lightning', 'torchmetrics', 'jsonargparse', 'rich', 'yaml')"
+    " if u.find_spec(m) is None))"
+)
+
+
+def interpreter_for_venv() -> str:
+    wanted = tuple(int(part) for part in ANSWERS["python_version"].split("."))
+    if sys.version_info[:2] >= wanted:
+        return sys.executable
+    found = shutil.which(f"python{ANSWERS['python_version']}")
+    if found is None:
+        raise StepFailed(
+            [f"python{ANSWERS['python_version']}"],
+            f"the project needs Python {ANSWERS['python_version']}+ and cookiecutter runs under "
+            f"{sys.version.split()[0]}: install it, or run cookiecutter with a newer Python",
+        )
+    return found
+
+
+def package_index_unreachable() -> str | None:
+    """Why the package index cannot be reached, tried in seconds rather than an installer's minutes."""
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY")):
+        return None  # a proxy decides; the installers' own timeouts apply
+    url = os.environ.get("UV_INDEX_URL") or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https"):
+        return None
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        socket.create_connection((parsed.hostname, port), timeout=5).close()
+    except OSError as error:
+        return f"the package index {parsed.hostname} cannot be reached ({error})"
+    return None
+
+
+def install_hint(choice: str) -> str:
+    if choice == "uv":
+        return "uv venv && uv pip install -e '.[dev]'"
+    return "python -m venv .venv && .venv/bin/python -m pip install -e '.[dev]'"
+
+
+def smoke_test(python: str) -> None:
+    doctor = json.loads(run_logged([python, "-m", PACKAGE, "doctor", "--json"], allow_failure=True) or "{}")
+    facts = doctor.get("machine")
+    if not facts:
+        raise StepFailed([python, "-m", PACKAGE, "doctor", "--json"], "the project does not import: see the log")
+    overrides, fallback = target_overrides(facts)
+    summary = [f"Python {facts['python']}, torch {facts['torch']}, {cuda_summary(facts)}"]
+    summary += [f"  GPU {i}: {gpu['name']}, compute capability {gpu['capability']}, {gpu['memory_gib']} GiB, "
+                f"bf16 {'yes' if gpu['bf16'] else 'no'}" for i, gpu in enumerate(facts["gpus"])]  # fmt: skip
+    if not facts["gpus"]:
+        summary.append(f"  No GPU: {facts['cpus']} CPU cores" + (", Apple MPS" if facts["mps"] else ""))
+    ran_on = dict(ANSWERS) | {flag.split("=")[0].rsplit(".", 1)[1]: flag.split("=")[1] for flag in overrides}
+    target = f"accelerator {ran_on['accelerator']}, devices {ran_on['devices']}, strategy {ran_on['strategy']}, " \
+             f"precision {ran_on['precision']}"  # fmt: skip
+    if fallback:
+        summary.append(f"  FALLBACK: {fallback}; the smoke test ran on what exists.")
+
+    cli = [python, "-m", PACKAGE]
+    started = time.monotonic()
+    step("Smoke test 1/2: fast_dev_run (one batch of training and validation)", [*cli, "fit", "--trainer.fast_dev_run=true", *overrides])  # fmt: skip
+    fast_dev_run = time.monotonic() - started
+    started = time.monotonic()
+    tiny_fit = [*cli, "fit", *overrides, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
+                "--trainer.limit_val_batches=2", "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+                "--trainer.logger.save_dir=runs", "--trainer.logger.name=smoke-test"]  # fmt: skip
+    step("Smoke test 2/2: a two-batch fit that writes a checkpoint, then reloading it", tiny_fit)
+    checkpoint = max(Path("runs/smoke-test").glob("version_*/checkpoints/last.ckpt"), key=os.path.getmtime)
+    reload = f"from {PACKAGE} import ImageClassifier; m = ImageClassifier.load_from_checkpoint({str(checkpoint)!r}); print(m.hparams.class_names)"  # fmt: skip
+    step("Reloading the checkpoint", [python, "-c", reload])
+    tiny = time.monotonic() - started
+
+    summary.append(f"Ran fast_dev_run on {target}: {fast_dev_run:.1f} s")
+    summary.append(f"Ran a two-batch fit and reloaded its checkpoint {checkpoint}: {tiny:.1f} s")
+    summary += [f"  doctor {c['verdict']}: {c['what']} -> fix: {c['fix']}" for c in doctor["checks"] if c["fix"]]
+    summary.append(f"Full log: {Path.cwd() / LOG}")
+    print("\n".join(["", f"==== {ANSWERS['project_slug']}: setup summary ====", *summary, "smoke test passed"]))
+
+
+def target_overrides(facts: dict) -> tuple[list[str], str]:
+    """Trainer flags for the hardware that exists, and why they differ from the answers (or "")."""
+    accelerator, devices = ANSWERS["accelerator"], ANSWERS["devices"]
+    strategy, precision = ANSWERS["strategy"], ANSWERS["precision"]
+    gpus = len(facts["gpus"])
+    if accelerator == "gpu" and not gpus or accelerator == "mps" and not facts["mps"]:
+        reason = f"accelerator {accelerator} was chosen, but no such device is visible"
+    elif accelerator == "auto" and not gpus and (strategy in ("fsdp", "deepspeed") or precision == "16-mixed"):
+        reason = f"strategy {strategy} and precision {precision} need a CUDA GPU, and none is visible"
+    elif accelerator in ("gpu", "auto") and gpus and devices.isdigit() and int(devices) > gpus:
+        return [f"--trainer.devices={gpus}"], f"devices {devices} were asked for, but {gpus} GPU(s) are visible"
+    else:
+        return [], ""
+    cpu_precision = "32-true" if precision == "16-mixed" else precision
+    flags = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
+             f"--trainer.precision={cpu_precision}"]  # fmt: skip
+    return flags, reason + " (ran on 1 CPU device)"
+
+
+def cuda_summary(facts: dict) -> str:
+    if not facts["cuda"]:
+        return "CPU-only torch"
+    return f"CUDA {facts['cuda']}, cuDNN {facts['cudnn']}" + (f", NCCL {facts['nccl']}" if facts["nccl"] else "")
+
+
+def step(title: str, command: list[str], show: bool = False) -> None:
+    say(f"{title} ...")
+    run_logged(command, show=show)
+
+
+def run_logged(command: list[str], allow_failure: bool = False, show: bool = False) -> str:
+    """Run a command into the log (and onto the screen when `show`); return its standard output."""
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": f"src{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.setdefault("PIP_DEFAULT_TIMEOUT", "30")
+    env.setdefault("UV_HTTP_TIMEOUT", "30")
+    output = []
+    with LOG.open("a") as log:
+        log.write(f"\n$ {' '.join(command)}\n")
+        log.flush()
+        stderr = subprocess.STDOUT if show else log
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env) as process:
+            for line in process.stdout:
+                output.append(line)
+                log.write(line)
+                if show:
+                    print(f"    {line}", end="", flush=True)
+    if process.returncode != 0 and not allow_failure:
+        raise StepFailed(command, likely_fix(LOG.read_text()))
+    return "".join(output)
+
+
+def run_quiet(command: list[str]) -> str:
+    return subprocess.run(command, capture_output=True, text=True).stdout
+
+
+def likely_fix(log: str) -> str:
+    tail = [line for line in log.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
+    if "No space left on device" in log:
+        return "free disk space (torch with CUDA needs about 6 GB) and run the command again"
+    if re.search(r"Could not find a version|No solution found|ResolutionImpossible", log):
+        return "the dependencies could not be resolved for this Python: see the log"
+    return f"the last line of the log says: {tail[0].strip()[:300]}"
+
+
+def report_failure(what: str, failure: StepFailed) -> None:
+    print(f"\n==== {ANSWERS['project_slug']}: {what} ====")
+    print(f"Failed command: {' '.join(failure.command)}")
+    print(f"Likely fix: {failure.fix}")
+    print(f"Full log: {Path.cwd() / LOG}")
+    print(f"The project is kept in {Path.cwd()}.")
+    print("smoke test failed")
+
+
+def print_next_steps(python: str | None) -> None:
+    activate = ". .venv/bin/activate && " if python == VENV_PYTHON else ""
+    print(f"\nNext:\n  cd {Path.cwd()}")
+    if not python:
+        print(f"  {install_hint(ANSWERS['setup_env'])}")
+    print(f"  {activate}python -m {PACKAGE} doctor")
+    print(f"  {activate}python -m {PACKAGE} fit")
+    print(f"  {activate}pytest")
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+    if LOG.parent.is_dir():
+        with LOG.open("a") as log:
+            log.write(f"# {message}\n")
 
 
 if __name__ == "__main__":
-    remove_unselected()
+    main()

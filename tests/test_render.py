@@ -35,7 +35,8 @@ def expected_files(package: str, logger: str) -> set[str]:
 
 
 def rendered_files(project) -> set[str]:
-    return {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    skip = {"__pycache__", ".git"}
+    return {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file() and not skip & set(p.parts)}
 
 
 def test_matrix_covers_every_valid_mix():
@@ -58,10 +59,9 @@ def test_render(tmp_path, answers):
     assert project.name == re.sub(r"[^a-z0-9]+", "-", answers["project_name"].lower().replace("é", "e")).strip("-")
     assert rendered_files(project) == expected_files(package, answers["logger"])
 
-    for path in project.rglob("*"):
-        if path.is_file():
-            text = path.read_text()
-            assert not re.search(r"\{\{|\{%|\{#|cookiecutter", text), f"unrendered template text in {path}"
+    for name in rendered_files(project):
+        text = (project / name).read_text()
+        assert not re.search(r"\{\{|\{%|\{#|cookiecutter", text), f"unrendered template text in {name}"
 
     config = yaml.safe_load((project / "configs/default.yaml").read_text())
     trainer = config["trainer"]

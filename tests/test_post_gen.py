@@ -1,0 +1,109 @@
+"""The post-generation hook: git, the environment, the smoke test, and what it says."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import TEMPLATE
+
+FORCE = "LIGHTNING_TEMPLATE_SETUP"
+
+
+def generate(output_dir: Path, env: dict[str, str], **answers: str) -> subprocess.CompletedProcess:
+    args = [f"{key}={value}" for key, value in answers.items()]
+    return subprocess.run(
+        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args],
+        env={key: value for key, value in os.environ.items() if key not in ("CI", FORCE)} | env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [({"CI": "true"}, "CI is set"), ({}, "no terminal"), ({FORCE: "0"}, f"{FORCE}=0")],
+)
+def test_environment_and_smoke_test_are_skipped_without_a_person(tmp_path, env, reason):
+    result = generate(tmp_path, env, setup_env="uv", smoke_test="yes")
+    assert result.returncode == 0, result.stderr
+    assert f"No environment or smoke test: {reason}" in result.stdout
+    project = tmp_path / "image-classifier"
+    assert (project / "pyproject.toml").is_file() and not (project / ".venv").exists()
+    assert "uv venv && uv pip install -e '.[dev]'" in result.stdout
+
+
+def test_a_template_update_in_a_temporary_folder_runs_nothing_heavy():
+    with tempfile.TemporaryDirectory() as folder:  # where cruft re-renders the template
+        result = generate(Path(folder), {}, setup_env="uv", smoke_test="yes")
+        assert "rendered into a temporary folder" in result.stdout, result.stdout + result.stderr
+        assert not (Path(folder) / "image-classifier" / ".venv").exists()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_repository_with_first_commit(tmp_path):
+    env = {"GIT_AUTHOR_NAME": "A", "GIT_AUTHOR_EMAIL": "a@example.com"}
+    env |= {"GIT_COMMITTER_NAME": "A", "GIT_COMMITTER_EMAIL": "a@example.com"}
+    result = generate(tmp_path, env, setup_env="none", smoke_test="no")
+    project = tmp_path / "image-classifier"
+    tracked = subprocess.run(["git", "ls-files"], cwd=project, capture_output=True, text=True).stdout.split()
+    assert "first commit" in result.stdout and "configs/default.yaml" in tracked
+    clean = subprocess.run(["git", "status", "--porcelain"], cwd=project, capture_output=True, text=True).stdout
+    assert clean == ""
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_no_nested_repository_inside_an_existing_one(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    result = generate(tmp_path, {}, setup_env="none", smoke_test="no")
+    assert "inside a git repository already" in result.stdout
+    assert not (tmp_path / "image-classifier" / ".git").exists()
+
+
+@pytest.mark.slow
+def test_current_python_runs_the_smoke_test(tmp_path):
+    result = generate(tmp_path, {FORCE: "1", "WANDB_MODE": "offline"}, setup_env="current", smoke_test="yes")
+    assert result.returncode == 0, result.stderr
+    assert "smoke test passed" in result.stdout, result.stdout
+    project = tmp_path / "image-classifier"
+    assert list(project.glob("runs/smoke-test/version_*/checkpoints/last.ckpt"))
+    assert f"Full log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
+    assert "Ran fast_dev_run on accelerator auto, devices 1, strategy auto, precision bf16-mixed" in result.stdout
+
+
+@pytest.mark.slow
+def test_missing_gpu_falls_back_to_cpu_and_says_so(tmp_path):
+    env = {FORCE: "1", "WANDB_MODE": "offline", "CUDA_VISIBLE_DEVICES": ""}
+    result = generate(tmp_path, env, setup_env="current", smoke_test="yes", accelerator="gpu", precision="16-mixed")
+    assert "smoke test passed" in result.stdout, result.stdout
+    assert "FALLBACK: accelerator gpu was chosen, but no such device is visible" in result.stdout
+    assert "accelerator cpu, devices 1, strategy auto, precision 32-true" in result.stdout
+
+
+@pytest.mark.slow
+def test_failed_smoke_test_keeps_the_project_and_points_at_the_log(tmp_path):
+    env = {FORCE: "1", "WANDB_MODE": "offline"}
+    result = generate(tmp_path, env, setup_env="current", smoke_test="yes", backbone="resnet81")
+    project = tmp_path / "image-classifier"
+    assert result.returncode == 0 and (project / "pyproject.toml").is_file()
+    assert "smoke test failed" in result.stdout
+    assert f"Full log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
+    assert "Unknown backbone 'resnet81'" in result.stdout and "resnet18" in result.stdout
+
+
+@pytest.mark.slow
+def test_fresh_uv_environment_passes_the_smoke_test(tmp_path):
+    """The whole path with a new .venv made by uv (its package cache makes repeated runs quick)."""
+    uv_dir = str(Path(sys.executable).parent)  # uv comes with the test dependencies
+    env = {FORCE: "1", "WANDB_MODE": "offline", "PATH": f"{uv_dir}{os.pathsep}{os.environ['PATH']}"}
+    result = generate(tmp_path, env, setup_env="uv", smoke_test="yes")
+    assert "smoke test passed" in result.stdout, result.stdout[-5000:] + result.stderr[-3000:]
+    project = tmp_path / "image-classifier"
+    python = project / ".venv" / "bin" / "python"
+    assert subprocess.run([python, "-c", "import image_classifier, pytest"], cwd=tmp_path).returncode == 0
+    assert ". .venv/bin/activate && python -m image_classifier fit" in result.stdout
