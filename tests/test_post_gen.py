@@ -13,15 +13,19 @@ from conftest import TEMPLATE
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
 
 
-def generate(output_dir: Path, env: dict[str, str], **answers: str) -> subprocess.CompletedProcess:
+# Variables that would change what the hook does, whatever machine the tests run on.
+UNSET = ("CI", FORCE, "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "PIP_INDEX_URL", "UV_INDEX_URL")
+
+
+def generate(output_dir: Path, env: dict[str, str], timeout: int = 1800, **answers: str) -> subprocess.CompletedProcess:
     args = [f"{key}={value}" for key, value in answers.items()]
     return subprocess.run(
         [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args],
-        env={key: value for key, value in os.environ.items() if key not in ("CI", FORCE)} | env,
+        env={key: value for key, value in os.environ.items() if key not in UNSET} | env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=timeout,
     )
 
 
@@ -43,6 +47,17 @@ def test_a_template_update_in_a_temporary_folder_runs_nothing_heavy():
         result = generate(Path(folder), {}, setup_env="uv", smoke_test="yes")
         assert "rendered into a temporary folder" in result.stdout, result.stdout + result.stderr
         assert not (Path(folder) / "image-classifier" / ".venv").exists()
+
+
+@pytest.mark.parametrize("setup_env", ["uv", "venv"])
+def test_unreachable_package_index_fails_fast_and_keeps_the_project(tmp_path, setup_env):
+    env = {FORCE: "1", "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "UV_INDEX_URL": "http://127.0.0.1:9/simple"}
+    # An installer left to its own retries would take minutes; the hook checks first and stops.
+    result = generate(tmp_path, env, timeout=60, setup_env=setup_env, smoke_test="yes")
+    assert result.returncode == 0 and (tmp_path / "image-classifier" / "pyproject.toml").is_file()
+    assert "environment setup failed" in result.stdout
+    assert "the package index 127.0.0.1 cannot be reached" in result.stdout
+    assert not (tmp_path / "image-classifier" / ".venv").exists()
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

@@ -63,6 +63,9 @@ def test_render(tmp_path, answers):
         text = (project / name).read_text()
         assert not re.search(r"\{\{|\{%|\{#|cookiecutter", text), f"unrendered template text in {name}"
 
+    for name in rendered_files(project):
+        if name.endswith((".yaml", ".yml")):
+            assert yaml.safe_load((project / name).read_text()), f"{name} is empty"
     config = yaml.safe_load((project / "configs/default.yaml").read_text())
     trainer = config["trainer"]
     devices = answers["devices"]

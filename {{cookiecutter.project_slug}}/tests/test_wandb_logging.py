@@ -55,3 +55,14 @@ def test_each_run_keeps_its_own_config(monkeypatch, in_project_copy, tiny_shapes
     configs = list((in_project_copy / "runs" / "{{ cookiecutter.project_slug }}").glob("*/config.yaml"))
     assert len(configs) == 2
     assert len(list((in_project_copy / "runs" / "wandb").glob("offline-run-*"))) == 2
+
+
+def test_runs_with_another_logger_still_save_their_config(monkeypatch, in_project_copy, tiny_shapes):
+    csv_logger = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=runs"]
+    on_cpu = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32-true"]
+    one_batch = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0"]
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *csv_logger, *on_cpu, *one_batch, *data])
+    main()
+    (config,) = (in_project_copy / "runs").rglob("config.yaml")
+    assert (config.parent / "checkpoints" / "last.ckpt").is_file()

@@ -50,7 +50,6 @@ def main(args: list[str] | None = None) -> None:
         },
 {%- if cookiecutter.logger == "wandb" %}
         save_config_callback=SaveConfigToRun,
-        save_config_kwargs={"save_to_log_dir": False},
 {%- endif %}
         args=args,
     )

@@ -53,16 +53,20 @@ def _reachable(host: str, timeout: float = 3.0) -> bool:
 
 
 class SaveConfigToRun(SaveConfigCallback):
-    """Save the resolved config as config.yaml in the run's folder and in the W&B run.
+    """With W&B, save the resolved config as config.yaml in the run's folder and in the W&B run.
 
-    LightningCLI's default writes it to trainer.log_dir, which for W&B is the folder all runs share.
+    LightningCLI's default writes it to trainer.log_dir, which for W&B is the folder all runs
+    share, so the second run would find the first one's file; other loggers keep the default.
     """
 
-    def save_config(self, trainer, pl_module, stage: str) -> None:
+    def setup(self, trainer, pl_module, stage: str) -> None:
         logger = trainer.logger
         if not isinstance(logger, WandbLogger):
+            super().setup(trainer, pl_module, stage)
             return
-        run_dir = Path(logger.save_dir) / str(logger.name) / str(logger.version)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.parser.save(self.config, run_dir / self.config_filename, overwrite=True)
-        logger.log_hyperparams({"config": self.config.as_dict()})
+        if trainer.is_global_zero and not self.already_saved:
+            run_dir = Path(logger.save_dir) / str(logger.name) / str(logger.version)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.parser.save(self.config, run_dir / self.config_filename, overwrite=True)
+            logger.log_hyperparams({"config": self.config.as_dict()})
+        self.already_saved = True
