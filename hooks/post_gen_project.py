@@ -5,6 +5,8 @@ non-zero, because cookiecutter deletes the project when a post-generation hook f
 install or smoke test prints what failed, the log and the likely fix, and keeps the project.
 """
 
+from __future__ import annotations  # cookiecutter may run under a Python older than the project's
+
 import json
 import os
 import re
@@ -51,7 +53,8 @@ def main() -> None:
     for path, unselected in UNSELECTED.items():
         if unselected:
             path.unlink()
-    start_git()
+    if not in_temporary_folder():  # a template update's throw-away render gets no repository
+        start_git()
     skipped = skip_reason()
     if skipped:
         say(f"No environment or smoke test: {skipped}. Set {FORCE}=1 to run them anyway.")
@@ -62,13 +65,13 @@ def main() -> None:
     try:
         python = make_environment()
     except StepFailed as failure:
-        report_failure("environment setup failed", failure)
+        report_failure("environment setup failed", failure, smoke_test_ran=False)
         return
     if python and ANSWERS["smoke_test"] == "yes":
         try:
             smoke_test(python)
         except StepFailed as failure:
-            report_failure("smoke test failed", failure)
+            report_failure("smoke test failed", failure, smoke_test_ran=True)
             return
     print_next_steps(python)
 
@@ -83,13 +86,17 @@ def skip_reason() -> str | None:
         return f"{FORCE}=0"
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         return "CI is set"
-    parent = Path.cwd().parent
-    # cruft re-renders the template into tempfile.TemporaryDirectory() folders on update and check.
-    if re.fullmatch(r"tmp[a-z0-9_]{8}", parent.name) and parent.parent == Path(tempfile.gettempdir()).resolve():
+    if in_temporary_folder():
         return "rendered into a temporary folder (a template update)"
     if sys.stdin is None or not sys.stdin.isatty():
         return "no terminal"
     return None
+
+
+def in_temporary_folder() -> bool:
+    """cruft re-renders the template into tempfile.TemporaryDirectory() folders on update and check."""
+    parent = Path.cwd().parent
+    return bool(re.fullmatch(r"tmp[a-z0-9_]{8}", parent.name)) and parent.parent == Path(tempfile.gettempdir()).resolve()
 
 
 def start_git() -> None:
@@ -150,7 +157,7 @@ MISSING_MODULES = (
 
 def interpreter_for_venv() -> str:
     wanted = tuple(int(part) for part in ANSWERS["python_version"].split("."))
-    if sys.version_info[:2] >= wanted:
+    if sys.version_info[:2] >= wanted[:2]:
         return sys.executable
     found = shutil.which(f"python{ANSWERS['python_version']}")
     if found is None:
@@ -286,17 +293,20 @@ def likely_fix(log: str) -> str:
     return f"the last line of the log says: {tail[0].strip()[:300]}"
 
 
-def report_failure(what: str, failure: StepFailed) -> None:
+def report_failure(what: str, failure: StepFailed, smoke_test_ran: bool) -> None:
     print(f"\n==== {ANSWERS['project_slug']}: {what} ====")
     print(f"Failed command: {' '.join(failure.command)}")
     print(f"Likely fix: {failure.fix}")
     print(f"Full log: {Path.cwd() / LOG}")
     print(f"The project is kept in {Path.cwd()}.")
-    print("smoke test failed")
+    if smoke_test_ran:
+        print("smoke test failed")
+    elif ANSWERS["smoke_test"] == "yes":
+        print("smoke test not run: the environment is not ready")
 
 
 def print_next_steps(python: str | None) -> None:
-    activate = ". .venv/bin/activate && " if python == VENV_PYTHON else ""
+    activate = {VENV_PYTHON: ". .venv/bin/activate && ", sys.executable: "PYTHONPATH=src "}.get(python, "")
     print(f"\nNext:\n  cd {Path.cwd()}")
     if not python:
         print(f"  {install_hint(ANSWERS['setup_env'])}")
@@ -313,4 +323,8 @@ def say(message: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as error:  # any exit status but 0 makes cookiecutter delete the project
+        print(f"\nThe setup stopped on an unexpected error: {error!r}")
+        print(f"The project is kept in {Path.cwd()}; set it up by hand: {install_hint(ANSWERS['setup_env'])}")

@@ -4,11 +4,14 @@ Standard library only: this runs under the interpreter that runs cookiecutter, w
 no torch. Each problem is one line that names it and the fix.
 """
 
+from __future__ import annotations  # cookiecutter may run under a Python older than the project's
+
 import keyword
 import re
 import sys
 
 ANSWERS = {
+    "python_version": {{ cookiecutter.python_version | tojson }},
     "project_slug": {{ cookiecutter.project_slug | tojson }},
     "package_name": {{ cookiecutter.package_name | tojson }},
     "backbone": {{ cookiecutter.backbone | tojson }},
@@ -24,6 +27,7 @@ TAKEN_NAMES = {
     "deepspeed", "jsonargparse", "lightning", "lightning_fabric", "numpy", "PIL", "pytest", "pytorch_lightning",
     "rich", "tensorboard", "test", "tests", "torch", "torchmetrics", "torchvision", "wandb", "yaml",
 }  # fmt: skip
+STDLIB = getattr(sys, "stdlib_module_names", frozenset({"json", "os", "sys", "re", "typing", "types", "io", "logging"}))
 
 
 def problems(answers: dict[str, str]) -> list[str]:
@@ -39,11 +43,13 @@ def problems(answers: dict[str, str]) -> list[str]:
             f"package_name {package!r} is not a valid lower-case Python identifier: use lower-case letters, "
             "digits and '_', starting with a letter (e.g. package_name=my_classifier)."
         )
-    elif package in TAKEN_NAMES or package in sys.stdlib_module_names:
+    elif package in TAKEN_NAMES or package in STDLIB:
         found.append(
-            f"package_name {package!r} shadows the {'standard library' if package in sys.stdlib_module_names else 'dependency'} "
+            f"package_name {package!r} shadows the {'standard library' if package in STDLIB else 'dependency'} "
             f"module of that name: pick another (e.g. package_name={package}_classifier)."
         )
+    if not re.fullmatch(r"3\.\d+", answers["python_version"]):
+        found.append(f"python_version {answers['python_version']!r} is not a Python 3 version such as 3.11.")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", answers["backbone"]):
         found.append(
             f"backbone {answers['backbone']!r} is not a torchvision model name: use one such as resnet18, "

@@ -46,7 +46,9 @@ def test_a_template_update_in_a_temporary_folder_runs_nothing_heavy():
     with tempfile.TemporaryDirectory() as folder:  # where cruft re-renders the template
         result = generate(Path(folder), {}, setup_env="uv", smoke_test="yes")
         assert "rendered into a temporary folder" in result.stdout, result.stdout + result.stderr
-        assert not (Path(folder) / "image-classifier" / ".venv").exists()
+        project = Path(folder) / "image-classifier"
+        assert not (project / ".venv").exists()
+        assert not (project / ".git").exists(), "cruft diffs the render: a repository in it breaks the update"
 
 
 @pytest.mark.parametrize("setup_env", ["uv", "venv"])
@@ -57,6 +59,7 @@ def test_unreachable_package_index_fails_fast_and_keeps_the_project(tmp_path, se
     assert result.returncode == 0 and (tmp_path / "image-classifier" / "pyproject.toml").is_file()
     assert "environment setup failed" in result.stdout
     assert "the package index 127.0.0.1 cannot be reached" in result.stdout
+    assert "smoke test not run" in result.stdout and "smoke test failed" not in result.stdout
     assert not (tmp_path / "image-classifier" / ".venv").exists()
 
 
@@ -89,6 +92,7 @@ def test_current_python_runs_the_smoke_test(tmp_path):
     assert list(project.glob("runs/smoke-test/version_*/checkpoints/last.ckpt"))
     assert f"Full log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
     assert "Ran fast_dev_run on accelerator auto, devices 1, strategy auto, precision bf16-mixed" in result.stdout
+    assert "PYTHONPATH=src python -m image_classifier fit" in result.stdout
 
 
 @pytest.mark.slow

@@ -24,10 +24,11 @@ def expected_files(package: str, logger: str) -> set[str]:
         "configs/default.yaml",
         *(
             f"src/{package}/{name}.py"
-            for name in ("__init__", "__main__", "backbone", "cli", "data", "doctor", "model", "shapes")
+            for name in ("__init__", "__main__", "backbone", "callbacks", "checkpoint_io", "cli", "data", "doctor")
         ),
         *(f"tests/{name}.py" for name in ("conftest", "test_cli", "test_data", "test_doctor", "test_model")),
-        "tests/test_shapes.py",
+        *(f"src/{package}/{name}.py" for name in ("model", "resume", "shapes")),
+        *(f"tests/{name}.py" for name in ("pause", "test_resume", "test_shapes")),
     }
     if logger == "wandb":
         files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py"}

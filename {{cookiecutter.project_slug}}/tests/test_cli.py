@@ -53,6 +53,15 @@ def test_short_fit_writes_a_run_folder_that_reloads(monkeypatch, in_project_copy
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["ImageDataModule"]["class_names"] == list(CLASSES)
 
 
+def test_last_checkpoint_follows_the_latest_epoch_even_without_improvement(monkeypatch, in_project_copy, tiny_shapes):
+    # lr 0: accuracy never improves, so the best checkpoint stays at epoch 0 while training goes on.
+    epochs = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), *epochs, "--model.lr=0")
+    (last,) = (in_project_copy / "runs").glob("*/*/checkpoints/last.ckpt")
+    saved = torch.load(last, map_location="cpu", weights_only=True)
+    assert (saved["epoch"], saved["global_step"]) == (1, 4)
+
+
 def test_checkpoint_on_data_with_other_classes_is_refused(monkeypatch, in_project_copy, tiny_shapes, tmp_path):
     one_batch = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
     run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), *one_batch)

@@ -1,5 +1,7 @@
 from collections import Counter
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -121,3 +123,48 @@ def test_images_of_any_mode_become_rgb(tmp_path, mode):
 def test_formats_torchvision_cannot_decode_fall_back_to_pil(tmp_path):
     Image.new("RGB", (9, 7), (1, 2, 3)).save(tmp_path / "image.bmp")
     assert read_rgb(str(tmp_path / "image.bmp"))[:, 0, 0].tolist() == [1, 2, 3]
+
+
+def test_val_folder_beside_class_folders_is_refused_not_trained_on(tmp_path):
+    make_folder(tmp_path, {"cat": 3, "dog": 3})
+    make_folder(tmp_path / "val", {"cat": 1, "dog": 1})
+    with pytest.raises(ValueError, match="has val/ but no train/"):
+        ImageDataModule(tmp_path, num_workers=0).setup("fit")
+
+
+def test_hidden_files_and_symlink_loops_are_not_samples(tmp_path):
+    make_folder(tmp_path, {"cat": 2, "dog": 2})
+    (tmp_path / "cat" / "._0.png").write_bytes(b"AppleDouble")
+    make_folder(tmp_path / "cat" / ".ipynb_checkpoints", {"copy": 1})
+    (tmp_path / "dog" / "loop").symlink_to(tmp_path)
+    data = ImageDataModule(tmp_path, num_workers=0, val_fraction=0.5)
+    data.setup("fit")
+    paths = [path for path, _ in data.train_set.samples + data.val_set.samples]
+    assert len(paths) == 4 and not any("/." in path for path in paths)
+
+
+def test_every_process_keeps_a_full_batch(tiny_shapes):
+    data = ImageDataModule(tiny_shapes, batch_size=40, num_workers=0)
+    data.setup("fit")
+    data.trainer = SimpleNamespace(world_size=2, num_devices=2, accelerator=None)
+    # 72 images over 2 processes is 36 each: dropping the last short batch would leave none.
+    assert data.train_dataloader().drop_last is False
+
+
+def test_hyperparameters_hold_plain_types(tmp_path):
+    data = ImageDataModule(tmp_path / "images")
+    assert data.hparams.data_dir == str(tmp_path / "images")
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    image = Image.new("RGB", (40, 20))
+    exif = image.getexif()
+    exif[0x0112] = 6  # rotated 90 degrees: shown 20 wide and 40 high
+    for suffix in ("jpg", "tiff"):
+        image.save(tmp_path / f"photo.{suffix}", exif=exif)
+        assert read_rgb(str(tmp_path / f"photo.{suffix}")).shape == (3, 40, 20), suffix
+
+
+def test_16_bit_grey_tiff_keeps_its_levels(tmp_path):
+    Image.fromarray(np.full((4, 4), 32768, dtype=np.uint16)).save(tmp_path / "grey.tif")
+    assert read_rgb(str(tmp_path / "grey.tif"))[:, 0, 0].tolist() == [127, 127, 127]

@@ -41,6 +41,30 @@ def test_pretrained_weights_load_and_get_a_new_head(monkeypatch, backbone):
     assert torch.equal(model.backbone.state_dict()[some_kernel], imagenet[some_kernel])
 
 
+def test_pretrained_googlenet_drops_its_auxiliary_heads(monkeypatch):
+    imagenet = torchvision.models.get_model("googlenet", weights=None, aux_logits=True, init_weights=True).state_dict()
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", lambda *a, **k: imagenet)
+    model = ImageClassifier(num_classes=4, backbone="googlenet", pretrained=True).train()
+    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 4)
+
+
+def test_checkpoint_of_a_pretrained_model_reloads_offline(monkeypatch, tmp_path, tiny_shapes):
+    imagenet = torchvision.models.get_model("resnet18", weights=None).state_dict()
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", lambda *a, **k: imagenet)
+    model = ImageClassifier(num_classes=6, pretrained=True)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    trainer.fit(model, ImageDataModule(tiny_shapes, num_workers=0, batch_size=8))
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+
+    def offline(*args, **kwargs):
+        raise URLError("no network")
+
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
+    reloaded = ImageClassifier.load_from_checkpoint(tmp_path / "model.ckpt", map_location="cpu")
+    assert torch.equal(reloaded.backbone.fc.weight, model.backbone.fc.weight)
+
+
 def test_norms_and_biases_get_no_weight_decay():
     model = ImageClassifier(num_classes=3, weight_decay=0.1)
     model._trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=1, estimated_stepping_batches=100)

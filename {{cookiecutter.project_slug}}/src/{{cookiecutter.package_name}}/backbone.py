@@ -27,13 +27,14 @@ def check_backbone_name(name: str) -> None:
 def build_backbone(name: str, num_classes: int, pretrained: bool) -> nn.Module:
     check_backbone_name(name)
     # Auxiliary heads only add a second output to handle; they are off in every backbone we build.
-    extra = {"aux_logits": False} if name in ("googlenet", "inception_v3") else {}
+    has_aux = name in ("googlenet", "inception_v3")
     if not pretrained:
+        extra = {"aux_logits": False} if has_aux else {}
         return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
 
     weights = torchvision.models.get_model_weights(name).DEFAULT
     try:
-        model = torchvision.models.get_model(name, weights=weights, **extra)
+        model = torchvision.models.get_model(name, weights=weights)  # their weights include the aux heads
     except OSError as error:  # URLError, timeouts and refused connections are all OSErrors
         target = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(weights.url)
         raise RuntimeError(
@@ -41,6 +42,11 @@ def build_backbone(name: str, num_classes: int, pretrained: bool) -> nn.Module:
             f"machine with internet and put it at {target} (TORCH_HOME moves that folder), "
             "or train from scratch with --model.pretrained=false."
         ) from error
+    if has_aux:
+        model.aux_logits = False
+        for aux in ("aux1", "aux2", "AuxLogits"):
+            if hasattr(model, aux):
+                setattr(model, aux, None)
     _replace_head(model, len(weights.meta["categories"]), num_classes)
     return model
 

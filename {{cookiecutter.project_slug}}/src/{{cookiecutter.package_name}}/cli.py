@@ -4,14 +4,17 @@ Every option is an `__init__` argument of the model, the data module or the Trai
 hold them, composed by repeating --config (the later file wins).
 """
 
+import signal
 import sys
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import doctor
 from .data import ImageDataModule
 from .model import ImageClassifier
+from .resume import resolve_resume
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -26,11 +29,12 @@ class ClassifierCLI(LightningCLI):
         parser.link_arguments("data.batch_size", "model.batch_size")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
-{%- if cookiecutter.logger == "wandb" %}
 
     def before_instantiate_classes(self) -> None:
+{%- if cookiecutter.logger == "wandb" %}
         go_offline_unless_reachable()
 {%- endif %}
+        resolve_resume(self.config[self.subcommand], self.subcommand)
 
 
 def main(args: list[str] | None = None) -> None:
@@ -42,6 +46,14 @@ def main(args: list[str] | None = None) -> None:
     else:
         defaults = []
         print(f"No {DEFAULT_CONFIG} in {Path.cwd()}: run from the project folder or pass --config.", file=sys.stderr)
+    try:
+        run_cli(defaults, args)
+    except SIGTERMException:
+        # Lightning ends a SIGTERM'd run with exit status 0; schedulers must not take it for a success.
+        sys.exit(128 + signal.SIGTERM)
+
+
+def run_cli(defaults: list[str], args: list[str]) -> None:
     ClassifierCLI(
         ImageClassifier,
         ImageDataModule,
@@ -51,5 +63,7 @@ def main(args: list[str] | None = None) -> None:
 {%- if cookiecutter.logger == "wandb" %}
         save_config_callback=SaveConfigToRun,
 {%- endif %}
+        # A resumed run writes its config.yaml again, into its own folder.
+        save_config_kwargs={"overwrite": True},
         args=args,
     )

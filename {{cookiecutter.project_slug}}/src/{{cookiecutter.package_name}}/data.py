@@ -5,9 +5,10 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import ImageReadMode, decode_image
@@ -56,6 +57,7 @@ class ImageDataModule(L.LightningDataModule):
         if not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction must be between 0 and 1, got {val_fraction}")
         self.save_hyperparameters()
+        self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
         self.data_dir = Path(data_dir)
         self.batch_size = batch_size
         self._class_names: list[str] | None = None
@@ -104,8 +106,11 @@ class ImageDataModule(L.LightningDataModule):
             self.test_set = ImageFiles(find_images(test_dir, classes), eval_transform)
 
     def train_dataloader(self) -> DataLoader:
-        # A last batch of one image breaks BatchNorm, and a short one skews its statistics.
-        return self._loader(self.train_set, shuffle=True, drop_last=len(self.train_set) > self.batch_size)
+        # A last batch of one image breaks BatchNorm, and a short one skews its statistics; but each
+        # process sees only its share of the images, which must still fill a batch.
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        per_process = len(self.train_set) // world_size
+        return self._loader(self.train_set, shuffle=True, drop_last=per_process > self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set)
@@ -137,7 +142,15 @@ class ImageDataModule(L.LightningDataModule):
                 "to draw the built-in shapes dataset there."
             )
         train_dir = self.data_dir / "train"
-        return train_dir if train_dir.is_dir() else self.data_dir
+        if train_dir.is_dir():
+            return train_dir
+        splits = [name for name in ("val", "test") if (self.data_dir / name).is_dir()]
+        if splits:
+            raise ValueError(
+                f"{self.data_dir} has {' and '.join(s + '/' for s in splits)} but no train/: move the training "
+                "class folders into train/, or the split folders out, so no image is both trained and tested on."
+            )
+        return self.data_dir
 
     def _loader(self, dataset: Dataset, shuffle: bool = False, drop_last: bool = False) -> DataLoader:
         workers = self.worker_count()
@@ -184,11 +197,16 @@ class ImageFiles(Dataset):
 
 
 def read_rgb(path: str) -> torch.Tensor:
-    """Decode any image file to a 3×H×W uint8 tensor; grey, alpha and palette images become RGB."""
+    """Decode any image file to a 3×H×W tensor (uint8, or uint16 for 16-bit PNG), upright as its
+    EXIF orientation says; grey, alpha, palette and CMYK images become RGB."""
     try:
-        return decode_image(path, mode=ImageReadMode.RGB)
+        return decode_image(path, mode=ImageReadMode.RGB, apply_exif_orientation=True)
     except RuntimeError:  # formats torchvision.io cannot decode (BMP, TIFF, PPM): PIL reads them
         with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image)
+            if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
+                levels = np.asarray(image, dtype=np.float32) / 257
+                image = Image.fromarray(levels.clip(0, 255).astype(np.uint8))
             return pil_to_tensor(image.convert("RGB"))
 
 
@@ -232,12 +250,7 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     samples, empty = [], []
     for label, name in enumerate(classes):
         class_dir = folder / name
-        paths = sorted(
-            os.path.join(root, file)
-            for root, _, files in os.walk(class_dir, followlinks=True)
-            for file in files
-            if file.lower().endswith(IMG_EXTENSIONS)
-        )
+        paths = sorted(_image_files(class_dir))
         if class_dir.is_dir() and not paths:
             empty.append(name)
         samples += [(path, label) for path in paths]
@@ -247,6 +260,17 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
             "add images or remove the folders."
         )
     return samples
+
+
+def _image_files(class_dir: Path) -> list[str]:
+    """Image files under a class folder, skipping hidden files and folders (.ipynb_checkpoints,
+    macOS ._ files). A linked class folder or image counts; a linked sub-folder does not, as a link
+    to a parent would label the other classes' images with this class."""
+    found = []
+    for root, dirs, files in os.walk(class_dir):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += [os.path.join(root, f) for f in files if not f.startswith(".") and f.lower().endswith(IMG_EXTENSIONS)]
+    return found
 
 
 def _subfolders(folder: Path) -> list[str]:

@@ -47,11 +47,18 @@ def machine() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": _cudnn_version(),
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gpus else None,
+        "nccl": _nccl_version() if gpus else None,
         "gpus": gpus,
         "mps": torch.backends.mps.is_available(),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
     }
+
+
+def _nccl_version() -> str | None:
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):  # CUDA builds without NCCL, such as Windows'
+        return None
 
 
 def _cudnn_version() -> str | None:

@@ -141,6 +141,10 @@ class ImageClassifier(L.LightningModule):
                 "with the model's classes."
             )
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # The weights are in the checkpoint: rebuilding the model from it must not download them.
+        checkpoint["hyper_parameters"]["pretrained"] = False
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         saved = checkpoint.get("hyper_parameters", {})
         if saved.get("class_names") and self.hparams.class_names and saved["class_names"] != self.hparams.class_names:

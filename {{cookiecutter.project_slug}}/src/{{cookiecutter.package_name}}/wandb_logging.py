@@ -22,7 +22,7 @@ def go_offline_unless_reachable() -> None:
     host = _server()
     if not has_api_key():
         reason = "no API key (set WANDB_API_KEY or run `wandb login`)"
-    elif not _reachable(host):
+    elif not any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy")) and not _reachable(host):
         reason = f"{host} cannot be reached"
     else:
         return

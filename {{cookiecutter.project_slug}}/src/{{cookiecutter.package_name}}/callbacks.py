@@ -1,0 +1,73 @@
+"""Callbacks that keep a long run's progress: a checkpoint on SIGTERM, a stop on a non-finite loss."""
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+
+class CheckpointOnSigterm(L.Callback):
+    """Save last.ckpt when the process is asked to stop: a preemption, `scancel`, a pod eviction.
+
+    Lightning turns SIGTERM into an exception at the next batch boundary on every rank, so the
+    checkpoint holds a consistent mid-epoch state; `--ckpt_path auto` resumes from it. (Lightning's
+    OnExceptionCheckpoint needs a fixed folder and fires on every exception, a NaN stop included.)
+    """
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        checkpoint = trainer.checkpoint_callback
+        if not isinstance(exception, SIGTERMException) or checkpoint is None or not checkpoint.dirpath:
+            return
+        path = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+        trainer.save_checkpoint(path)  # every rank takes part, as sharded strategies need
+        rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path auto")
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+class StopOnNonFiniteLoss(L.Callback):
+    """Stop before a NaN or infinite loss can touch the weights, naming the step and the batch.
+
+    The run stops before the bad update and before any further checkpoint, so the last checkpoint
+    is a good one. With `skip_batches`, such batches are dropped with a warning instead. The check
+    reads the loss on the host: one device sync per step.
+
+    Args:
+        skip_batches: Drop the update of a batch whose loss is not finite instead of stopping.
+    """
+
+    def __init__(self, skip_batches: bool = False) -> None:
+        self.skip_batches = skip_batches
+        self._drop_update = False
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        self._batch_idx = batch_idx
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        # Decided together: gradient averaging spreads one process's NaN to all of them, and a
+        # process that stopped alone would leave the others waiting.
+        finite = trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss).item()), all=True)
+        if finite:
+            return
+        where = f"global step {trainer.global_step} (epoch {trainer.current_epoch}, batch {self._batch_idx})"
+        if not self.skip_batches:
+            folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+            kept = f"; the last checkpoint in {folder} is intact" if folder else ""
+            raise NonFiniteLossError(
+                f"Loss is not finite at {where}: stopped before the update{kept}. Lower model.lr, "
+                "use precision bf16-mixed or 32-true, check that batch's images, or set "
+                "skip_batches: true on StopOnNonFiniteLoss to drop such batches."
+            )
+        rank_zero_warn(f"Loss is not finite at {where}: dropping this batch's update.")
+        self._drop_update = True
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        if self._drop_update:
+            # Parameters without gradients are left alone by the optimizer: the batch never happened.
+            optimizer.zero_grad(set_to_none=True)
+            self._drop_update = False

@@ -1,0 +1,61 @@
+"""`--ckpt_path auto`: continue the newest run where it stopped, in its own folder, or start a new one.
+
+Lightning's own `--ckpt_path last` looks only in the new run's (empty) checkpoint folder, because
+every run gets a folder of its own; here `last` and `auto` search all of this project's runs.
+"""
+
+import os
+from pathlib import Path
+
+from jsonargparse import Namespace
+from lightning.pytorch.utilities import rank_zero_info
+
+RESUME_WORDS = ("auto", "last")
+
+
+def resolve_resume(config: Namespace, subcommand: str) -> None:
+    """Replace `auto` or `last` in `config.ckpt_path` by the newest last.ckpt, and point the logger
+    of a `fit` at that run's folder so that its logs and checkpoints carry on there."""
+    requested = config.get("ckpt_path")
+    if requested not in RESUME_WORDS:
+        return
+    logger = first_logger(config)
+    root, found = last_checkpoints(config)
+    if not found:
+        if requested == "last":
+            raise FileNotFoundError(
+                f"--ckpt_path last: there is no */checkpoints/last.ckpt under {root}. "
+                "Use --ckpt_path auto to start a new run when there is none."
+            )
+        rank_zero_info(f"--ckpt_path auto: no last.ckpt under {root}, so this is a new run")
+        config.ckpt_path = None
+        return
+    last = found[-1]
+    run = last.parent.parent.name
+    config.ckpt_path = str(last)
+    if subcommand == "fit" and logger is not None:
+        if logger.class_path.endswith("WandbLogger"):
+            logger.init_args.id = run  # W&B resumes the run with that id
+        else:
+            logger.init_args.version = run
+    rank_zero_info(f"--ckpt_path {requested}: resuming from {last}")
+
+
+def first_logger(config: Namespace) -> Namespace | None:
+    """The logger that lays out the run folders (the first, as in Lightning), if any."""
+    logger = config.trainer.logger
+    if isinstance(logger, list):
+        logger = logger[0] if logger else None
+    return logger if isinstance(logger, Namespace) else None
+
+
+def last_checkpoints(config: Namespace) -> tuple[Path, list[Path]]:
+    """Where the runs are, and their last.ckpt files, oldest first."""
+    logger = first_logger(config)
+    if logger is None:  # without a logger, checkpoints go to default_root_dir/checkpoints
+        root = Path(config.trainer.default_root_dir or os.getcwd())
+        return root, [path for path in [root / "checkpoints" / "last.ckpt"] if path.is_file()]
+    args = logger.init_args
+    name = args.get("project") if logger.class_path.endswith("WandbLogger") else args.get("name")
+    root = Path(args.get("save_dir") or ".") / (name or "lightning_logs")
+    return root, sorted(root.glob(os.path.join("*", "checkpoints", "last.ckpt")), key=os.path.getmtime)

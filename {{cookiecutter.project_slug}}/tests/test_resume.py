@@ -1,0 +1,149 @@
+"""Resume, preemption and interrupted writes: a run loses at most the work since its last checkpoint."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PROJECT_ROOT
+
+from {{ cookiecutter.package_name }} import checkpoint_io
+from {{ cookiecutter.package_name }}.cli import main
+
+TRAINER = [
+    "--trainer.accelerator=cpu",
+    "--trainer.devices=1",
+    "--trainer.strategy=auto",
+    "--trainer.precision=32-true",
+    "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+    "--trainer.logger.save_dir=runs",
+    "--trainer.logger.name=resume",
+]
+STEPS_PER_EPOCH = 18  # 72 training images in batches of 4
+TWO_EPOCHS = ["--trainer.max_epochs=2", "--trainer.limit_val_batches=1"]
+
+
+def data(folder: Path) -> list[str]:
+    return [f"--data.data_dir={folder}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=4"]
+
+
+def run_folders(project: Path) -> list[Path]:
+    return sorted(path.parent.parent for path in (project / "runs" / "resume").glob("*/checkpoints/last.ckpt"))
+
+
+def saved_step(checkpoint: Path) -> int:
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
+
+
+def run_cli(monkeypatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
+    main()
+
+
+def start_fit(project: Path, *args: str) -> subprocess.Popen:
+    # tests/ is on the path for the PauseAt callback.
+    path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
+    env = os.environ | {"PYTHONPATH": path, "WANDB_MODE": "offline"}
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *TRAINER, *args]
+    return subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def start_paused_fit(project: Path, data_dir: Path, step: int) -> subprocess.Popen:
+    """A two-epoch fit that holds at `step` (after its optimizer step) until it gets a SIGTERM."""
+    marker = project / "paused"
+    pause = json.dumps({"class_path": "pause.PauseAt", "init_args": {"step": step, "marker": str(marker)}})
+    process = start_fit(project, *data(data_dir), *TWO_EPOCHS, f"--trainer.callbacks+={pause}")
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert process.poll() is None, process.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the run never reached the pause"
+        time.sleep(0.05)
+    return process
+
+
+def finish_with_auto_resume(project: Path, data_dir: Path) -> None:
+    resumed = start_fit(project, *data(data_dir), *TWO_EPOCHS, "--ckpt_path=auto")
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-3000:]
+
+
+def test_auto_resumes_the_newest_run_in_its_own_folder(monkeypatch, in_project_copy, tiny_shapes):
+    one_epoch = ["--trainer.limit_val_batches=1", "--trainer.max_epochs=1"]
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch)
+    (run,) = run_folders(in_project_copy)
+    first = saved_step(run / "checkpoints" / "last.ckpt")
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.limit_val_batches=1",
+            "--trainer.max_epochs=2", "--ckpt_path=auto")  # fmt: skip
+    assert run_folders(in_project_copy) == [run], "the resumed run must carry on in its own folder"
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * first
+    assert (run / "config.yaml").is_file()
+
+
+def test_auto_without_a_run_starts_a_new_one(monkeypatch, in_project_copy, tiny_shapes):
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.fast_dev_run=true", "--ckpt_path=auto")
+
+
+def test_last_without_a_run_says_how_to_start_one(monkeypatch, in_project_copy, tiny_shapes):
+    with pytest.raises(FileNotFoundError, match="--ckpt_path auto to start a new run"):
+        run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--ckpt_path=last")
+
+
+def test_sigkill_mid_epoch_loses_only_the_work_since_the_last_checkpoint(in_project_copy, tiny_shapes):
+    process = start_paused_fit(in_project_copy, tiny_shapes, step=STEPS_PER_EPOCH + 5)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    (run,) = run_folders(in_project_copy)
+    assert saved_step(run / "checkpoints" / "last.ckpt") == STEPS_PER_EPOCH  # the end of epoch one
+
+    finish_with_auto_resume(in_project_copy, tiny_shapes)
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
+
+
+def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_project_copy, tiny_shapes):
+    process = start_paused_fit(in_project_copy, tiny_shapes, step=STEPS_PER_EPOCH + 5)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM, "a preempted run must not exit with success"
+    (run,) = run_folders(in_project_copy)
+    assert saved_step(run / "checkpoints" / "last.ckpt") == STEPS_PER_EPOCH + 5
+
+    finish_with_auto_resume(in_project_copy, tiny_shapes)
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
+
+
+def test_a_write_interrupted_midway_leaves_the_previous_checkpoint_loadable(monkeypatch, in_project_copy, tiny_shapes):
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1")
+    (run,) = run_folders(in_project_copy)
+    last = run / "checkpoints" / "last.ckpt"
+    before = saved_step(last)
+    real_save = torch.save
+
+    def crash_halfway(checkpoint, file):
+        real_save(checkpoint, file)
+        file.truncate(file.tell() // 2)
+        raise OSError("disk vanished")
+
+    monkeypatch.setattr(checkpoint_io.torch, "save", crash_halfway)
+    with pytest.raises(OSError, match="disk vanished"):
+        run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=2",
+                "--trainer.limit_val_batches=1", "--ckpt_path=auto")  # fmt: skip
+    assert saved_step(last) == before
+    assert sorted(p.name for p in last.parent.iterdir() if p.name.startswith(".")) == [], "staging file left behind"
+
+
+def test_checkpoints_are_renamed_into_place_from_the_same_folder(monkeypatch, tmp_path):
+    renames = []
+    real_replace = os.replace
+
+    def recording_replace(source, target):
+        renames.append((source, target))
+        real_replace(source, target)
+
+    monkeypatch.setattr(checkpoint_io.os, "replace", recording_replace)
+    checkpoint_io.AtomicCheckpointIO().save_checkpoint({"step": 1}, tmp_path / "runs" / "last.ckpt")
+    ((source, target),) = renames
+    assert Path(source).parent == Path(target).parent == tmp_path / "runs"
+    assert torch.load(target, weights_only=True) == {"step": 1}
