@@ -28,7 +28,11 @@ def expected_files(package: str, logger: str) -> set[str]:
         ),
         *(f"tests/{name}.py" for name in ("conftest", "test_cli", "test_data", "test_doctor", "test_model")),
         *(f"src/{package}/{name}.py" for name in ("model", "resume", "shapes")),
-        *(f"tests/{name}.py" for name in ("pause", "test_resume", "test_shapes")),
+        *(
+            f"tests/{name}.py"
+            for name in ("helper_callbacks", "test_reproducibility", "test_resume", "test_safeguards")
+        ),
+        "tests/test_shapes.py",
     }
     if logger == "wandb":
         files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py"}

@@ -83,3 +83,18 @@ def test_every_option_is_documented_in_help(monkeypatch, capsys):
     for option in ("--model.backbone", "--model.scale_lr", "--data.data_dir", "--data.num_workers"):
         assert option in help_text
     assert "Scale `lr` linearly" in help_text
+
+
+def test_misspelt_monitored_metric_stops_before_training(monkeypatch, in_project_copy, tiny_shapes):
+    misspelt = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val/accuracy"]
+    with pytest.raises(ValueError, match=r"EarlyStopping monitors 'val/accuracy', which is never logged.*'val/acc'"):
+        run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), *misspelt)
+
+
+@pytest.mark.parametrize("where", ["command line", "config file"])
+def test_misspelt_option_names_the_closest_one(monkeypatch, capsys, in_project_copy, where):
+    (in_project_copy / "typo.yaml").write_text("model:\n  backbnoe: resnet18\n")
+    typo = "--model.backbnoe=resnet18" if where == "command line" else "--config=typo.yaml"
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, "fit", typo)
+    assert "Did you mean model.backbone" in capsys.readouterr().err

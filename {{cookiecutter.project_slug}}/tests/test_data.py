@@ -1,3 +1,4 @@
+import warnings
 from collections import Counter
 from types import SimpleNamespace
 
@@ -168,3 +169,29 @@ def test_exif_orientation_is_applied(tmp_path):
 def test_16_bit_grey_tiff_keeps_its_levels(tmp_path):
     Image.fromarray(np.full((4, 4), 32768, dtype=np.uint16)).save(tmp_path / "grey.tif")
     assert read_rgb(str(tmp_path / "grey.tif"))[:, 0, 0].tolist() == [127, 127, 127]
+
+
+def with_broken_images(root):
+    make_folder(root, {"cat": 4, "dog": 4})
+    good = (root / "cat" / "0.png").read_bytes()
+    (root / "cat" / "truncated.png").write_bytes(good[: len(good) // 2])
+    (root / "dog" / "garbage.jpg").write_bytes(b"not an image at all")
+    return root
+
+
+def test_unreadable_images_are_skipped_with_a_warning_naming_them(tmp_path):
+    data = ImageDataModule(with_broken_images(tmp_path), num_workers=0, batch_size=16, val_fraction=0.1)
+    data.setup("fit")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        images, labels = next(iter(data.train_dataloader()))
+    skipped = [str(w.message) for w in caught if "unreadable image" in str(w.message)]
+    assert any("garbage.jpg" in message for message in skipped)
+    assert len(labels) == len(data.train_set) - len(skipped)
+
+
+def test_unreadable_image_can_stop_the_run_naming_the_file(tmp_path):
+    data = ImageDataModule(with_broken_images(tmp_path), num_workers=2, batch_size=16, bad_images="error")
+    data.setup("fit")
+    with pytest.raises(Exception, match=r"Cannot read the image .*(garbage\.jpg|truncated\.png)"):
+        list(data.train_dataloader())

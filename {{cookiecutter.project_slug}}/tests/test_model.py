@@ -51,7 +51,7 @@ def test_pretrained_googlenet_drops_its_auxiliary_heads(monkeypatch):
 def test_checkpoint_of_a_pretrained_model_reloads_offline(monkeypatch, tmp_path, tiny_shapes):
     imagenet = torchvision.models.get_model("resnet18", weights=None).state_dict()
     monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", lambda *a, **k: imagenet)
-    model = ImageClassifier(num_classes=6, pretrained=True)
+    model = ImageClassifier(num_classes=6, backbone="resnet18", pretrained=True)
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     trainer.fit(model, ImageDataModule(tiny_shapes, num_workers=0, batch_size=8))

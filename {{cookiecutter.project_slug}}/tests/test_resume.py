@@ -46,7 +46,7 @@ def run_cli(monkeypatch, *args: str) -> None:
 
 
 def start_fit(project: Path, *args: str) -> subprocess.Popen:
-    # tests/ is on the path for the PauseAt callback.
+    # tests/ is on the path for the callbacks in helper_callbacks.py.
     path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
     env = os.environ | {"PYTHONPATH": path, "WANDB_MODE": "offline"}
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *TRAINER, *args]
@@ -56,7 +56,7 @@ def start_fit(project: Path, *args: str) -> subprocess.Popen:
 def start_paused_fit(project: Path, data_dir: Path, step: int) -> subprocess.Popen:
     """A two-epoch fit that holds at `step` (after its optimizer step) until it gets a SIGTERM."""
     marker = project / "paused"
-    pause = json.dumps({"class_path": "pause.PauseAt", "init_args": {"step": step, "marker": str(marker)}})
+    pause = json.dumps({"class_path": "helper_callbacks.PauseAt", "init_args": {"step": step, "marker": str(marker)}})
     process = start_fit(project, *data(data_dir), *TWO_EPOCHS, f"--trainer.callbacks+={pause}")
     deadline = time.monotonic() + 300
     while not marker.exists():

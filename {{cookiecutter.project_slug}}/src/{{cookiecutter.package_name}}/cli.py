@@ -4,11 +4,13 @@ Every option is an `__init__` argument of the model, the data module or the Trai
 hold them, composed by repeating --config (the later file wins).
 """
 
+import difflib
+import re
 import signal
 import sys
 from pathlib import Path
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import doctor
@@ -21,6 +23,33 @@ from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 
 # Relative to where the command runs: the project folder, as for data/ and runs/.
 DEFAULT_CONFIG = Path("configs/default.yaml")
+
+
+class SuggestingParser(LightningArgumentParser):
+    """Name the closest option when one is misspelt, on the command line or in a config file."""
+
+    def error(self, message: str, *args, **kwargs):
+        wrong = re.search(r"unrecognized arguments: --([\w.]+)", message)
+        in_file = re.search(r"(Group|Subcommand) '([\w.]+)' does not accept option '([\w.]+)'", message)
+        if wrong:
+            key = wrong.group(1)
+        elif in_file:
+            kind, group, option = in_file.groups()
+            key = f"{group}.{option}" if kind == "Group" else option
+        else:
+            key = None
+        close = difflib.get_close_matches(key, self._option_names(), n=3, cutoff=0.6) if key else []
+        if close:
+            message += f". Did you mean {' or '.join(close)}?"
+        super().error(message, *args, **kwargs)
+
+    def _option_names(self) -> list[str]:
+        names = [option[2:] for option in self._option_string_actions if option.startswith("--")]
+        for action in self._actions:  # the options of the subcommands (fit, validate, ...)
+            for parser in (getattr(action, "choices", None) or {}).values():
+                if isinstance(parser, SuggestingParser):
+                    names += parser._option_names()
+        return names
 
 
 class ClassifierCLI(LightningCLI):
@@ -38,9 +67,9 @@ class ClassifierCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
-    args = sys.argv[1:] if args is None else args
-    if args[:1] == ["doctor"]:
-        sys.exit(doctor.main(args[1:], DEFAULT_CONFIG))
+    command = sys.argv[1:] if args is None else args
+    if command[:1] == ["doctor"]:
+        sys.exit(doctor.main(command[1:], DEFAULT_CONFIG))
     if DEFAULT_CONFIG.is_file():
         defaults = [str(DEFAULT_CONFIG)]
     else:
@@ -53,10 +82,11 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(128 + signal.SIGTERM)
 
 
-def run_cli(defaults: list[str], args: list[str]) -> None:
+def run_cli(defaults: list[str], args: list[str] | None) -> None:
     ClassifierCLI(
         ImageClassifier,
         ImageDataModule,
+        parser_class=SuggestingParser,
         parser_kwargs={
             command: {"default_config_files": defaults} for command in ("fit", "validate", "test", "predict")
         },

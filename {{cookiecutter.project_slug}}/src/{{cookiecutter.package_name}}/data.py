@@ -1,6 +1,7 @@
 """ImageDataModule: ImageFolder-style data, split, transformed and loaded."""
 
 import os
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -9,7 +10,7 @@ import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from PIL import Image, ImageOps
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
@@ -39,6 +40,8 @@ class ImageDataModule(L.LightningDataModule):
         split_seed: Seed of that split; keep it fixed so validation images never leak into training.
         min_crop_scale: Smallest image area kept by the training random crop.
         prefetch_factor: Batches each worker loads ahead.
+        bad_images: What an unreadable (corrupt, truncated) image does: "skip" it with a warning
+            that names the file, or stop with an "error" that names it.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class ImageDataModule(L.LightningDataModule):
         split_seed: int = 0,
         min_crop_scale: float = 0.35,
         prefetch_factor: int = 2,
+        bad_images: Literal["skip", "error"] = "skip",
     ) -> None:
         super().__init__()
         if not 0 < val_fraction < 1:
@@ -99,11 +103,12 @@ class ImageDataModule(L.LightningDataModule):
             )
             train_samples = [samples[i] for i in train_idx]
             val_samples = [samples[i] for i in val_idx]
-        self.train_set = ImageFiles(train_samples, train_transform)
-        self.val_set = ImageFiles(val_samples, eval_transform)
+        skip = self.hparams.bad_images == "skip"
+        self.train_set = ImageFiles(train_samples, train_transform, skip)
+        self.val_set = ImageFiles(val_samples, eval_transform, skip)
         test_dir = self.data_dir / "test"
         if test_dir.is_dir():
-            self.test_set = ImageFiles(find_images(test_dir, classes), eval_transform)
+            self.test_set = ImageFiles(find_images(test_dir, classes), eval_transform, skip)
 
     def train_dataloader(self) -> DataLoader:
         # A last batch of one image breaks BatchNorm, and a short one skews its statistics; but each
@@ -160,6 +165,7 @@ class ImageDataModule(L.LightningDataModule):
             shuffle=shuffle,
             drop_last=drop_last,
             num_workers=workers,
+            collate_fn=collate_readable,
             # Page-locked host memory only speeds up copies to a CUDA device.
             pin_memory=self._on_cuda(),
             # Workers that outlive an epoch skip re-forking and re-reading the file list each epoch.
@@ -181,19 +187,42 @@ class ImageDataModule(L.LightningDataModule):
         return torch.cuda.is_available()
 
 
-class ImageFiles(Dataset):
-    """(path, label) pairs read as uint8 RGB tensors and passed through `transform`."""
+class UnreadableImageError(ValueError):
+    pass
 
-    def __init__(self, samples: list[tuple[str, int]], transform: v2.Transform) -> None:
+
+class ImageFiles(Dataset):
+    """(path, label) pairs read as RGB tensors and passed through `transform`; an unreadable file
+    gives None (with a warning naming it) when `skip_unreadable`, else an error naming it."""
+
+    def __init__(self, samples: list[tuple[str, int]], transform: v2.Transform, skip_unreadable: bool = True) -> None:
         self.samples = samples
         self.transform = transform
+        self.skip_unreadable = skip_unreadable
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
         path, label = self.samples[index]
-        return self.transform(read_rgb(path)), label
+        try:
+            image = read_rgb(path)
+        except (RuntimeError, OSError, ValueError) as error:  # what the decoders raise for a bad file
+            if not self.skip_unreadable:
+                raise UnreadableImageError(
+                    f"Cannot read the image {path} ({error}): remove or replace it, or set data.bad_images to skip."
+                ) from error
+            warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
+            return None
+        return self.transform(image), label
+
+
+def collate_readable(samples: list) -> list[torch.Tensor]:
+    """A batch of the samples that could be read (unreadable ones come as None)."""
+    readable = [sample for sample in samples if sample is not None]
+    if not readable:
+        raise UnreadableImageError("Every image of a batch was unreadable: see the warnings above for the files.")
+    return default_collate(readable)
 
 
 def read_rgb(path: str) -> torch.Tensor:

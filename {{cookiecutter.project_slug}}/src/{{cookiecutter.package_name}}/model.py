@@ -1,5 +1,6 @@
 """ImageClassifier: a torchvision backbone, its metrics and its optimisation recipe."""
 
+import difflib
 import json
 import math
 from functools import partial
@@ -132,7 +133,24 @@ class ImageClassifier(L.LightningModule):
         )
         return scaled
 
+    def logged_metrics(self) -> list[str]:
+        """Every name this model logs, for checking what callbacks monitor."""
+        names = ["train/loss", "train/loss_step", "train/loss_epoch", "val/loss", "test/loss"]
+        for metrics in (self.train_metrics, self.val_metrics, self.test_metrics):
+            names += list(metrics.keys(keep_base=False))
+        return names
+
     def setup(self, stage: str) -> None:
+        # A misspelt monitored metric would otherwise fail only after the first epoch.
+        logged = self.logged_metrics()
+        for callback in self.trainer.callbacks:
+            monitor = getattr(callback, "monitor", None)
+            if monitor and monitor not in logged:
+                close = difflib.get_close_matches(monitor, logged, n=3, cutoff=0.3)
+                raise ValueError(
+                    f"{type(callback).__name__} monitors {monitor!r}, which is never logged. "
+                    f"Did you mean {' or '.join(repr(name) for name in close)}? Logged: {', '.join(logged)}"
+                )
         class_names = getattr(self.trainer.datamodule, "class_names", None)
         if class_names is not None and len(class_names) != self.hparams.num_classes:
             raise ValueError(

@@ -1,0 +1,63 @@
+"""Failures that stop a run say where and why, and never cost the last good checkpoint or hang."""
+
+import json
+import os
+import subprocess
+import sys
+
+import lightning as L
+import pytest
+import torch
+from conftest import PROJECT_ROOT
+
+from {{ cookiecutter.package_name }}.callbacks import NonFiniteLossError, StopOnNonFiniteLoss
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+
+
+class NaNAtStep(ImageClassifier):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step == 2 else loss
+
+
+def fit(tiny_shapes, callbacks) -> NaNAtStep:
+    model = NaNAtStep(num_classes=6, backbone="resnet18", batch_size=8, base_batch_size=8)
+    trainer = L.Trainer(accelerator="cpu", max_steps=4, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    trainer.fit(model, ImageDataModule(tiny_shapes, num_workers=0, batch_size=8))
+    return model
+
+
+def finite(model: torch.nn.Module) -> bool:
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_non_finite_loss_stops_before_the_update_naming_step_and_batch(tiny_shapes):
+    with pytest.raises(NonFiniteLossError, match=r"not finite at global step 2 \(epoch 0, batch 2\)") as error:
+        fit(tiny_shapes, [StopOnNonFiniteLoss()])
+    assert "skip_batches" in str(error.value)
+
+
+def test_non_finite_batches_can_be_skipped(tiny_shapes):
+    with pytest.warns(UserWarning, match="dropping this batch's update"):
+        model = fit(tiny_shapes, [StopOnNonFiniteLoss(skip_batches=True)])
+    assert model.global_step == 4 and finite(model)
+
+
+def test_without_the_guard_the_weights_would_be_ruined(tiny_shapes):
+    assert not finite(fit(tiny_shapes, []))  # what the guard prevents, so the tests above mean something
+
+
+def test_an_exception_in_one_process_ends_every_process(in_project_copy, tiny_shapes):
+    failure = json.dumps({"class_path": "helper_callbacks.FailOnRank", "init_args": {"rank": 1, "step": 2}})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", "--trainer.accelerator=cpu",
+               "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.precision=32-true",
+               "--trainer.max_epochs=1", f"--trainer.callbacks+={failure}", f"--data.data_dir={tiny_shapes}",
+               "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=4"]  # fmt: skip
+    path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
+    env = os.environ | {"PYTHONPATH": path, "WANDB_MODE": "offline", "MASTER_ADDR": "127.0.0.1"}
+    # The timeout is the hang this guards against: a process left waiting for its dead peer.
+    result = subprocess.run(command, cwd=in_project_copy, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "injected failure on rank 1" in result.stderr
