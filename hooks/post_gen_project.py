@@ -196,15 +196,13 @@ def smoke_test(python: str) -> None:
     facts = doctor.get("machine")
     if not facts:
         raise StepFailed([python, "-m", PACKAGE, "doctor", "--json"], "the project does not import: see the log")
-    overrides, fallback = target_overrides(facts)
-    summary = [f"Python {facts['python']}, torch {facts['torch']}, {cuda_summary(facts)}"]
-    summary += [f"  GPU {i}: {gpu['name']}, compute capability {gpu['capability']}, {gpu['memory_gib']} GiB, "
-                f"bf16 {'yes' if gpu['bf16'] else 'no'}" for i, gpu in enumerate(facts["gpus"])]  # fmt: skip
+    settings, fallback = smoke_test_trainer(facts)
+    overrides = [f"--trainer.{key}={value}" for key, value in settings.items() if value != ANSWERS[key]]
+    target = ", ".join(f"{key} {value}" for key, value in settings.items())
+    # The doctor's own lines for the versions and the GPUs (name, capability, memory, bf16, TF32).
+    summary = [check["what"] for check in doctor["checks"] if check["verdict"] == "info"]
     if not facts["gpus"]:
         summary.append(f"  No GPU: {facts['cpus']} CPU cores" + (", Apple MPS" if facts["mps"] else ""))
-    ran_on = dict(ANSWERS) | {flag.split("=")[0].rsplit(".", 1)[1]: flag.split("=")[1] for flag in overrides}
-    target = f"accelerator {ran_on['accelerator']}, devices {ran_on['devices']}, strategy {ran_on['strategy']}, " \
-             f"precision {ran_on['precision']}"  # fmt: skip
     if fallback:
         summary.append(f"  FALLBACK: {fallback}; the smoke test ran on what exists.")
 
@@ -229,29 +227,23 @@ def smoke_test(python: str) -> None:
     print("\n".join(["", f"==== {ANSWERS['project_slug']}: setup summary ====", *summary, "smoke test passed"]))
 
 
-def target_overrides(facts: dict) -> tuple[list[str], str]:
-    """Trainer flags for the hardware that exists, and why they differ from the answers (or "")."""
-    accelerator, devices = ANSWERS["accelerator"], ANSWERS["devices"]
-    strategy, precision = ANSWERS["strategy"], ANSWERS["precision"]
+def smoke_test_trainer(facts: dict) -> tuple[dict[str, str], str]:
+    """The trainer settings the smoke test runs with: the answers, or what exists when the hardware
+    they ask for is missing, and why they differ from the answers ("" when they don't)."""
+    settings = {key: ANSWERS[key] for key in ("accelerator", "devices", "strategy", "precision")}
+    accelerator, devices, strategy, precision = settings.values()
     gpus = len(facts["gpus"])
     if accelerator == "gpu" and not gpus or accelerator == "mps" and not facts["mps"]:
         reason = f"accelerator {accelerator} was chosen, but no such device is visible"
     elif accelerator == "auto" and not gpus and (strategy in ("fsdp", "deepspeed") or precision == "16-mixed"):
         reason = f"strategy {strategy} and precision {precision} need a CUDA GPU, and none is visible"
     elif accelerator in ("gpu", "auto") and gpus and devices.isdigit() and int(devices) > gpus:
-        return [f"--trainer.devices={gpus}"], f"devices {devices} were asked for, but {gpus} GPU(s) are visible"
+        return settings | {"devices": str(gpus)}, f"devices {devices} were asked for, but {gpus} GPU(s) are visible"
     else:
-        return [], ""
+        return settings, ""
     cpu_precision = "32-true" if precision == "16-mixed" else precision
-    flags = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
-             f"--trainer.precision={cpu_precision}"]  # fmt: skip
-    return flags, reason + " (ran on 1 CPU device)"
-
-
-def cuda_summary(facts: dict) -> str:
-    if not facts["cuda"]:
-        return "CPU-only torch"
-    return f"CUDA {facts['cuda']}, cuDNN {facts['cudnn']}" + (f", NCCL {facts['nccl']}" if facts["nccl"] else "")
+    cpu = {"accelerator": "cpu", "devices": "1", "strategy": "auto", "precision": cpu_precision}
+    return cpu, reason + " (ran on 1 CPU device)"
 
 
 def step(title: str, command: list[str], show: bool = False) -> None:

@@ -27,7 +27,7 @@ class CheckpointOnSigterm(L.Callback):
 
 
 class NonFiniteLossError(RuntimeError):
-    pass
+    """A NaN or infinite training loss, raised before it reaches the weights."""
 
 
 class StopOnNonFiniteLoss(L.Callback):

@@ -176,10 +176,7 @@ class ImageDataModule(L.LightningDataModule):
     def worker_count(self) -> int:
         if self.hparams.num_workers != "auto":
             return self.hparams.num_workers
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        devices = self.trainer.num_devices if self.trainer is not None else 1
-        # One core per device stays with the training process; more than 8 workers rarely pays.
-        return max(0, min(8, cpus // devices - 1))
+        return auto_workers(usable_cpus(), self.trainer.num_devices if self.trainer is not None else 1)
 
     def _on_cuda(self) -> bool:
         if self.trainer is not None:
@@ -187,8 +184,19 @@ class ImageDataModule(L.LightningDataModule):
         return torch.cuda.is_available()
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which Slurm and taskset narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_workers(cpus: int, devices: int) -> int:
+    """What num_workers "auto" means: one core per device stays with the training process, and
+    more than 8 workers rarely pays."""
+    return max(0, min(8, cpus // devices - 1))
+
+
 class UnreadableImageError(ValueError):
-    pass
+    """An image file that cannot be decoded, named in the message."""
 
 
 class ImageFiles(Dataset):

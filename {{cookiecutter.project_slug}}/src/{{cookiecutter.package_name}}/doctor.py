@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 import yaml
-{%- if cookiecutter.logger == "wandb" %}
 
+from .data import auto_workers, usable_cpus
+{%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import has_api_key
 {%- endif %}
 
@@ -50,7 +51,7 @@ def machine() -> dict:
         "nccl": _nccl_version() if gpus else None,
         "gpus": gpus,
         "mps": torch.backends.mps.is_available(),
-        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus": usable_cpus(),
     }
 
 
@@ -160,9 +161,9 @@ def describe_target(accelerator: str, facts: dict) -> str:
 
 
 def data_checks(facts: dict, data: dict, devices: int) -> list[Check]:
-    cpus = facts["cpus"] or 1
+    cpus = facts["cpus"]
     workers = data.get("num_workers", "auto")
-    workers = max(0, min(8, cpus // devices - 1)) if workers == "auto" else int(workers)
+    workers = auto_workers(cpus, devices) if workers == "auto" else int(workers)
     found = []
     if workers * devices > cpus:
         found.append(

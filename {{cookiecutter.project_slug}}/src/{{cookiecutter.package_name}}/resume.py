@@ -20,7 +20,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> None:
     if requested not in RESUME_WORDS:
         return
     logger = first_logger(config)
-    root, found = last_checkpoints(config)
+    root, found = last_checkpoints(config, logger)
     if not found:
         if requested == "last":
             raise FileNotFoundError(
@@ -49,9 +49,8 @@ def first_logger(config: Namespace) -> Namespace | None:
     return logger if isinstance(logger, Namespace) else None
 
 
-def last_checkpoints(config: Namespace) -> tuple[Path, list[Path]]:
-    """Where the runs are, and their last.ckpt files, oldest first."""
-    logger = first_logger(config)
+def last_checkpoints(config: Namespace, logger: Namespace | None) -> tuple[Path, list[Path]]:
+    """Where the runs of `logger` are, and their last.ckpt files, oldest first."""
     if logger is None:  # without a logger, checkpoints go to default_root_dir/checkpoints
         root = Path(config.trainer.default_root_dir or os.getcwd())
         return root, [path for path in [root / "checkpoints" / "last.ckpt"] if path.is_file()]
