@@ -1,5 +1,8 @@
 """Callbacks the tests load into real training processes (tests/ is on their PYTHONPATH)."""
 
+import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -30,3 +33,45 @@ class FailOnRank(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             raise RuntimeError(f"injected failure on rank {self.rank}")
+
+
+class RecordProcess(L.Callback):
+    """Write what one process of a run saw to `<folder>/rank<N>.json`: its place in the job, the
+    training samples its sampler gave it, its first training batch and the validation metrics."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seen: dict = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        self.seen |= {
+            "world_size": trainer.world_size,
+            "global_rank": trainer.global_rank,
+            "node_rank": trainer.node_rank,
+            "local_rank": trainer.local_rank,
+            "environment": type(trainer.strategy.cluster_environment).__name__,
+            "train_indices": list(trainer.train_dataloader.sampler),
+        }
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        if batch_idx == 0 and "first_batch" not in self.seen:
+            self.seen["first_batch"] = batch[0].flatten(1).sum(1).tolist()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = {name: float(value) for name, value in trainer.callback_metrics.items() if name.startswith("val/")}
+        self.seen["val"] = metrics
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+class SigtermAt(L.Callback):
+    """Send this process a SIGTERM at a training step, as SLURM does before the time limit."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -13,16 +13,19 @@ from pathlib import Path
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import doctor
+from . import consolidate, doctor
 from .data import ImageDataModule
+from .hardware import HardwareError, check_hardware
 from .model import ImageClassifier
 from .resume import resolve_resume
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
 
-# Relative to where the command runs: the project folder, as for data/ and runs/.
-DEFAULT_CONFIG = Path("configs/default.yaml")
+# Relative to where the command runs: the project folder, as for data/ and runs/. The hardware
+# preset chosen when the project was generated, then the recipe; --config files given on the
+# command line come after both and win (--config configs/trainer/fsdp.yaml switches the hardware).
+DEFAULT_CONFIGS = [Path("configs/trainer/{{ cookiecutter.__trainer_preset }}.yaml"), Path("configs/default.yaml")]
 
 
 class SuggestingParser(LightningArgumentParser):
@@ -63,20 +66,24 @@ class ClassifierCLI(LightningCLI):
 {%- if cookiecutter.logger == "wandb" %}
         go_offline_unless_reachable()
 {%- endif %}
+        check_hardware(self.config[self.subcommand].trainer)
         resolve_resume(self.config[self.subcommand], self.subcommand)
 
 
 def main(args: list[str] | None = None) -> None:
     command = sys.argv[1:] if args is None else args
     if command[:1] == ["doctor"]:
-        sys.exit(doctor.main(command[1:], DEFAULT_CONFIG))
-    if DEFAULT_CONFIG.is_file():
-        defaults = [str(DEFAULT_CONFIG)]
-    else:
-        defaults = []
-        print(f"No {DEFAULT_CONFIG} in {Path.cwd()}: run from the project folder or pass --config.", file=sys.stderr)
+        sys.exit(doctor.main(command[1:], DEFAULT_CONFIGS))
+    if command[:1] == ["consolidate"]:
+        sys.exit(consolidate.main(command[1:]))
+    defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
+    if len(defaults) < len(DEFAULT_CONFIGS):
+        missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())
+        print(f"No {missing} in {Path.cwd()}: run from the project folder or pass --config.", file=sys.stderr)
     try:
         run_cli(defaults, args)
+    except HardwareError as error:
+        sys.exit(f"error: {error}")
     except SIGTERMException:
         # Lightning ends a SIGTERM'd run with exit status 0; schedulers must not take it for a success.
         sys.exit(128 + signal.SIGTERM)

@@ -9,8 +9,9 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from PIL import Image, ImageOps
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
@@ -115,15 +116,30 @@ class ImageDataModule(L.LightningDataModule):
         # process sees only its share of the images, which must still fill a batch.
         world_size = self.trainer.world_size if self.trainer is not None else 1
         per_process = len(self.train_set) // world_size
+        if world_size > 1 and self.worker_count() == 0:
+            # Without workers, augmentations draw from this process's RNG, which seed_everything seeded
+            # alike on every rank; offset it so ranks crop and flip differently. (Lightning seeds each
+            # worker from the seed, its rank and its worker id.)
+            torch.manual_seed(torch.initial_seed() + self.trainer.global_rank)
+        # Lightning adds the DistributedSampler that gives each process its share of the images.
         return self._loader(self.train_set, shuffle=True, drop_last=per_process > self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set)
+        return self._loader(self.val_set, sampler=self._evaluation_sampler(self.val_set))
 
     def test_dataloader(self) -> DataLoader:
         if self.test_set is None:
             raise FileNotFoundError(f"No test split: add {self.data_dir / 'test'} with one folder per class.")
-        return self._loader(self.test_set)
+        return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
+
+    def _evaluation_sampler(self, dataset: Dataset) -> Sampler | None:
+        """Each image once across processes. Lightning's DistributedSampler would pad the shards to
+        equal length with repeated images, which then count twice in the metrics; shards that differ
+        by one image are safe here, as evaluation has no gradients to synchronise."""
+        shards = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        if not shards or shards["num_replicas"] == 1:
+            return None
+        return UnrepeatedDistributedSampler(dataset, shuffle=False, **shards)
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_set if self.test_set is not None else self.val_set)
@@ -157,12 +173,15 @@ class ImageDataModule(L.LightningDataModule):
             )
         return self.data_dir
 
-    def _loader(self, dataset: Dataset, shuffle: bool = False, drop_last: bool = False) -> DataLoader:
+    def _loader(
+        self, dataset: Dataset, shuffle: bool = False, drop_last: bool = False, sampler: Sampler | None = None
+    ) -> DataLoader:
         workers = self.worker_count()
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
+            sampler=sampler,
             drop_last=drop_last,
             num_workers=workers,
             collate_fn=collate_readable,

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from .data import auto_workers, usable_cpus
+from .hardware import CUDA_ONLY, strategy_class_name
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import has_api_key
 {%- endif %}
@@ -84,7 +85,7 @@ def checks(facts: dict, config: dict) -> list[Check]:
     trainer, data = config["trainer"], config["data"]
     accelerator = str(trainer.get("accelerator", "auto"))
     precision = str(trainer.get("precision", "32-true"))
-    strategy = str(trainer.get("strategy", "auto"))
+    strategy = strategy_class_name(trainer.get("strategy", "auto"))
     devices = trainer.get("devices", "auto")
     gpus = facts["gpus"]
     found: list[Check] = [
@@ -125,12 +126,15 @@ def checks(facts: dict, config: dict) -> list[Check]:
     else:
         found.append(Check("ok", f"precision {precision}"))
 
-    if strategy.startswith("deepspeed"):
+    if strategy in CUDA_ONLY and not on_gpu:
+        fix = "use configs/trainer/ddp.yaml or fsdp.yaml"
+        found.append(Check("fail", f"{CUDA_ONLY[strategy]} needs CUDA GPUs", fix))
+    if strategy == "DeepSpeedStrategy":
         if find_spec("deepspeed") is None:
-            found.append(Check("fail", "strategy deepspeed, but DeepSpeed is not installed", "pip install deepspeed"))
+            found.append(Check("fail", "DeepSpeed is not installed", 'pip install -e ".[deepspeed]"'))
         else:
             found.append(Check("ok", "DeepSpeed is installed"))
-    if strategy.startswith(("ddp", "fsdp", "deepspeed")) and on_gpu:
+    if strategy in ("DDPStrategy", "FSDPStrategy", "FSDP2Strategy", "DeepSpeedStrategy") and on_gpu:
         nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
         found.append(
             Check("ok", "NCCL is available for multi-GPU")
@@ -205,12 +209,12 @@ def wandb_check() -> Check:
 {%- endif %}
 
 
-def main(args: list[str], default_config: Path) -> int:
+def main(args: list[str], default_configs: list[Path]) -> int:
     parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} doctor", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", action="append", type=Path, help=f"files to check (default: {default_config})")
+    parser.add_argument("--config", action="append", type=Path, help="files to check (default: the CLI's)")
     parser.add_argument("--json", action="store_true", help="print the machine and the checks as JSON")
     options = parser.parse_args(args)
-    paths = options.config or ([default_config] if default_config.is_file() else [])
+    paths = options.config or [path for path in default_configs if path.is_file()]
     facts = machine()
     found = checks(facts, read_config(paths))
     if options.json:

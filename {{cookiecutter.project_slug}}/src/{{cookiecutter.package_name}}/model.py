@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
-from torchmetrics import MetricCollection
+from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from .backbone import build_backbone
+from .sharding import fully_shard_blocks
 
 
 class ImageClassifier(L.LightningModule):
@@ -58,6 +59,9 @@ class ImageClassifier(L.LightningModule):
         self.train_metrics = _classification_metrics(num_classes, "train/")
         self.val_metrics = _classification_metrics(num_classes, "val/")
         self.test_metrics = _classification_metrics(num_classes, "test/")
+        # Weighted by batch size and summed across processes: the mean over every image, however
+        # the images are spread over processes and batches.
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.backbone(images)
@@ -73,37 +77,60 @@ class ImageClassifier(L.LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, "val")
+        self._evaluate(batch, self.val_metrics, self.val_loss, "val")
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, "test")
+        self._evaluate(batch, self.test_metrics, self.test_loss, "test")
 
-    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection, stage: str) -> None:
+    def _evaluate(
+        self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection, mean_loss: MeanMetric, stage: str
+    ) -> None:
         images, labels = batch
         logits = self(images)
         # Plain cross-entropy, so evaluation losses compare across label-smoothing settings.
-        loss = F.cross_entropy(logits, labels)
+        mean_loss.update(F.cross_entropy(logits, labels), weight=len(labels))
         metrics.update(logits, labels)
-        # Torchmetrics objects sync their states across processes when computed at epoch end;
-        # the loss is a plain tensor, so it needs sync_dist to be averaged over every rank.
-        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=len(labels))
+        # Metric objects sync their states across processes when computed at epoch end, so every
+        # rank logs the same values: those one process would compute over all the images.
+        self.log(f"{stage}/loss", mean_loss, on_epoch=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(images).softmax(dim=-1)
 
+    def configure_model(self) -> None:
+        # FSDP2 (configs/trainer/fsdp.yaml): ModelParallelStrategy hands over a device mesh and
+        # leaves the sharding to the model. Every other strategy has no mesh and takes the model whole.
+        if self.device_mesh is None:
+            return
+        param_dtype = torch.bfloat16 if self.trainer.precision == "bf16-mixed" else None
+        fully_shard_blocks(self.backbone, self.device_mesh["data_parallel"], param_dtype)
+
+    def on_validation_epoch_start(self) -> None:
+        # FSDP2 leaves BatchNorm statistics to each process, which then drift apart; take rank 0's,
+        # as DDP does, so that every process validates (and checkpoints) the same model.
+        if self.device_mesh is not None:
+            group = self.device_mesh["data_parallel"].get_group()
+            for buffer in self.backbone.buffers():
+                torch.distributed.broadcast(buffer, group=group, group_src=0)
+
     def configure_optimizers(self) -> dict:
         # Biases and norm scales (the 1-D parameters) only fight the normalisation when decayed.
         decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
         no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": self.hparams.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=self.scaled_lr(),
-        )
+        groups = [
+            {"params": decay, "weight_decay": self.hparams.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        if self._offloads_optimizer():
+            # DeepSpeed steps an offloaded optimizer on the CPU and accepts only its own fused CPU
+            # Adam there; adamw_mode gives it AdamW's decoupled weight decay.
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(groups, lr=self.scaled_lr(), adamw_mode=True)
+        else:
+            optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr())
         total_steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(total_steps):
             raise ValueError(
@@ -116,13 +143,20 @@ class ImageClassifier(L.LightningModule):
             "lr_scheduler": {"scheduler": LambdaLR(optimizer, schedule), "interval": "step"},
         }
 
+    def _offloads_optimizer(self) -> bool:
+        zero = getattr(self.trainer.strategy, "config", None) or {}
+        return "offload_optimizer" in zero.get("zero_optimization", {})
+
     def scaled_lr(self) -> float:
         """`lr` scaled by the effective batch size; the arithmetic is logged once at the start."""
         lr = self.hparams.lr
         if not self.hparams.scale_lr:
             rank_zero_info(f"Learning rate {lr:.3g} (scale_lr is off)")
             return lr
-        devices, accumulate = self.trainer.world_size, self.trainer.accumulate_grad_batches
+        # Processes that each take a different batch: every process, unless some split one model
+        # between them (tensor parallelism), which the sampler's replica count leaves out.
+        devices = (self.trainer.distributed_sampler_kwargs or {}).get("num_replicas", 1)
+        accumulate = self.trainer.accumulate_grad_batches
         effective = self.hparams.batch_size * devices * accumulate
         # Linear scaling keeps the update per image steady when the batch grows (Goyal et al., 2017).
         scaled = lr * effective / self.hparams.base_batch_size

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Train with torchrun, one process per GPU, on one machine or many.
+#
+#   One machine, all its GPUs:   scripts/torchrun.sh
+#   Two machines of 8 GPUs: run on each, with the address of the first machine:
+#     NNODES=2 NPROC_PER_NODE=8 RDZV_ENDPOINT=node0.example:29400 scripts/torchrun.sh
+#
+# Arguments go on to `fit`: scripts/torchrun.sh --trainer.max_epochs=50 --ckpt_path auto
+# torchrun's elastic rendezvous assigns the ranks; Lightning reads them from its environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NNODES="${NNODES:-1}"
+NPROC_PER_NODE="${NPROC_PER_NODE:-gpu}"  # "gpu": one process per visible GPU
+RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29400}"
+RDZV_ID="${RDZV_ID:-{{ cookiecutter.project_slug }}}"  # the same on every machine of one job
+JOIN_TIMEOUT="${JOIN_TIMEOUT:-600}"  # seconds to wait for every machine before giving up
+# Lightning checks these against torchrun's counts; "auto" takes every visible GPU.
+DEVICES="$NPROC_PER_NODE"
+[[ "$DEVICES" =~ ^[0-9]+$ ]] || DEVICES=auto
+
+exec "${PYTHON:-python}" -m torch.distributed.run \
+  --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
+  --rdzv-backend=c10d --rdzv-endpoint="$RDZV_ENDPOINT" --rdzv-id="$RDZV_ID" \
+  --rdzv-conf="join_timeout=$JOIN_TIMEOUT" \
+  -m {{ cookiecutter.package_name }} fit --config configs/trainer/multinode.yaml \
+  --trainer.num_nodes="$NNODES" --trainer.devices="$DEVICES" "$@"

@@ -1,0 +1,102 @@
+"""Which parts of a torchvision backbone FSDP shards as one unit: its repeated blocks.
+
+A block is the unit of an all-gather: sharding per block keeps one block's full parameters in
+memory at a time, with far fewer collectives than sharding per layer. Both FSDP presets use this
+list: FSDP2 (configs/trainer/fsdp.yaml) in ImageClassifier.configure_model, FSDP1
+(configs/trainer/fsdp1.yaml) as the auto-wrap policy.
+"""
+
+from datetime import timedelta
+
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+
+# The repeated block classes of torchvision's classification models. A backbone with none of them
+# (AlexNet, VGG) is sharded as one unit, which still shards its optimizer state and gradients.
+BLOCK_CLASS_NAMES = frozenset(
+    {
+        "BasicBlock",  # ResNet 18/34
+        "Bottleneck",  # ResNet 50+, ResNeXt, Wide ResNet
+        "ResBottleneckBlock",  # RegNet
+        "InvertedResidual",  # MobileNet V2/V3, ShuffleNet V2
+        "_InvertedResidual",  # MNASNet
+        "MBConv",  # EfficientNet, MaxViT
+        "FusedMBConv",  # EfficientNet V2
+        "CNBlock",  # ConvNeXt
+        "EncoderBlock",  # ViT
+        "SwinTransformerBlock",  # Swin
+        "SwinTransformerBlockV2",  # Swin V2
+        "PartitionAttentionLayer",  # MaxViT
+        "_DenseLayer",  # DenseNet
+        "Fire",  # SqueezeNet
+        "Inception",  # GoogLeNet
+        "InceptionA",  # Inception V3, and the four below
+        "InceptionB",
+        "InceptionC",
+        "InceptionD",
+        "InceptionE",
+    }
+)
+
+
+def is_block(module: nn.Module) -> bool:
+    kind = type(module)
+    return kind.__name__ in BLOCK_CLASS_NAMES and kind.__module__.startswith("torchvision.models")
+
+
+def backbone_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks of `model`, innermost first, so each is sharded before the block that holds it."""
+    return [module for module in reversed(list(model.modules())) if is_block(module)]
+
+
+def wrap_blocks(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+    """FSDP1 auto-wrap (and activation-checkpointing) policy: one unit per block."""
+    return recurse or is_block(module)
+
+
+def fully_shard_blocks(model: nn.Module, mesh, param_dtype: torch.dtype | None = None) -> None:
+    """Shard `model` with FSDP2: each block, then the rest as the root unit.
+
+    With `param_dtype` (bf16 for bf16 mixed precision), parameters are gathered and computed in that
+    dtype while the sharded master weights, the gradient reduction and the optimizer stay float32.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch 2.6+, needed here only
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
+    options = {"mesh": mesh} | ({"mp_policy": policy} if policy else {})
+    for block in backbone_blocks(model):
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """Lightning's ModelParallelStrategy as plain FSDP2: every process is one data-parallel replica.
+
+    (ModelParallelStrategy's "auto" sizes make each node one replica and its devices a tensor-parallel
+    group, which needs a model written for tensor parallelism.)
+
+    Args:
+        save_distributed_checkpoint: Each process writes its own shard into a checkpoint folder
+            (fast, any model size); otherwise rank 0 gathers and writes a single file.
+        process_group_backend: The torch.distributed backend; by default nccl on GPUs, gloo on CPUs.
+        timeout: How long a collective waits for the other processes before failing.
+    """
+
+    def __init__(
+        self,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()

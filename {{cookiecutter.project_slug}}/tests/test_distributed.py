@@ -1,0 +1,215 @@
+"""Data-parallel and sharded training as separate processes on this machine's CPU (gloo on 127.0.0.1),
+started the ways a cluster starts them: Lightning's launcher, torchrun, and SLURM's srun."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PROJECT_ROOT
+
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+
+ON_CPU = ["--trainer.accelerator=cpu", "--trainer.precision=32-true"]
+CSV_LOGGER = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=runs",
+              "--trainer.logger.name=dist"]  # fmt: skip
+SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+# Every process of these tests ends well within this; a hang fails the test instead of CI.
+TIMEOUT = 300
+
+
+def data(folder: Path, batch_size: int = 4) -> list[str]:
+    return [f"--data.data_dir={folder}", "--data.synthetic=false", "--data.num_workers=0",
+            f"--data.batch_size={batch_size}"]  # fmt: skip
+
+
+def record(folder: Path) -> str:
+    callback = {"class_path": "helper_callbacks.RecordProcess", "init_args": {"folder": str(folder)}}
+    return f"--trainer.callbacks+={json.dumps(callback)}"
+
+
+def environment(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
+    return os.environ | {"PYTHONPATH": path, "WANDB_MODE": "offline", "MASTER_ADDR": "127.0.0.1"} | extra
+
+
+def fit(project: Path, *args: str, command: str = "fit") -> subprocess.CompletedProcess:
+    cli = [sys.executable, "-m", "{{ cookiecutter.package_name }}", command, *args]
+    result = subprocess.run(cli, cwd=project, env=environment(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def seen(folder: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("rank*.json"))]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def uneven_shapes(tiny_shapes, tmp_path) -> Path:
+    """The tiny dataset with 23 validation images: two processes get shards of 12 and 11."""
+    copy = tmp_path / "uneven"
+    shutil.copytree(tiny_shapes, copy)
+    next((copy / "val").glob("*/*.png")).unlink()
+    return copy
+
+
+def test_ddp_splits_the_data_and_agrees_with_one_process(in_project_copy, uneven_shapes):
+    ranks = in_project_copy / "ranks"
+    fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
+        "--trainer.max_epochs=1", *data(uneven_shapes), record(ranks))  # fmt: skip
+    rank0, rank1 = seen(ranks)
+    assert (rank0["world_size"], rank0["global_rank"], rank1["global_rank"]) == (2, 0, 1)
+    # Lightning's DistributedSampler gives each process a disjoint half of the 72 training images.
+    first, second = set(rank0["train_indices"]), set(rank1["train_indices"])
+    assert len(first) == len(second) == 36 and not first & second and first | second == set(range(72))
+    # The metrics are computed over all 23 images once, whichever process validated them.
+    assert rank0["val"] == rank1["val"]
+
+    runs = [path for path in (in_project_copy / "runs" / "dist").iterdir()]
+    assert len(runs) == 1, f"one run folder expected, found {runs}"
+    assert len(list(in_project_copy.rglob("config.yaml"))) == 1
+    names, best, last = sorted(path.name for path in (runs[0] / "checkpoints").iterdir())
+    assert (names, last) == ("class_names.json", "last.ckpt") and best.startswith("epoch000-acc")
+
+    single = in_project_copy / "single"
+    fit(in_project_copy, *ON_CPU, "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.logger=false",
+        *data(uneven_shapes), record(single), f"--ckpt_path={runs[0] / 'checkpoints' / 'last.ckpt'}",
+        command="validate")  # fmt: skip
+    (alone,) = seen(single)
+    assert alone["val"]["val/acc"] == rank0["val"]["val/acc"]
+    assert alone["val"]["val/loss"] == pytest.approx(rank0["val"]["val/loss"], rel=1e-5)
+
+
+def test_augmentations_differ_between_processes(in_project_copy, tiny_shapes, tmp_path):
+    # Every training image is the same picture, so the batches differ only by their augmentation.
+    same = tmp_path / "same"
+    picture = next((tiny_shapes / "train").glob("*/*.png"))
+    for split in ("train", "val"):
+        for class_dir in (tiny_shapes / split).iterdir():
+            (same / split / class_dir.name).mkdir(parents=True)
+            for image in class_dir.iterdir():
+                shutil.copy(picture, same / split / class_dir.name / image.name)
+    ranks = in_project_copy / "ranks"
+    fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
+        *SHORT, *data(same), record(ranks))  # fmt: skip
+    rank0, rank1 = seen(ranks)
+    assert rank0["first_batch"] != rank1["first_batch"]
+
+
+def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_copy, tiny_shapes):
+    ranks = in_project_copy / "ranks"
+    fit(in_project_copy, "--config=configs/trainer/fsdp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
+        "--trainer.max_epochs=1", "--trainer.limit_train_batches=3", *data(tiny_shapes), record(ranks))  # fmt: skip
+    rank0, rank1 = seen(ranks)
+    assert rank0["val"] == rank1["val"]
+    (sharded,) = (in_project_copy / "runs" / "dist").glob("*/checkpoints/last.ckpt")
+    assert sharded.is_dir(), "FSDP2 writes one shard per process into a checkpoint folder"
+
+    single_file = in_project_copy / "model.ckpt"
+    fit(in_project_copy, str(sharded), str(single_file), command="consolidate")
+    model = ImageClassifier.load_from_checkpoint(single_file, map_location="cpu").eval()
+    datamodule = ImageDataModule(tiny_shapes, num_workers=0, batch_size=24)
+    datamodule.setup("validate")
+    images, labels = next(iter(datamodule.val_dataloader()))
+    with torch.no_grad():
+        probabilities = model(images).softmax(-1)
+    assert probabilities.shape == (24, 6) and torch.allclose(probabilities.sum(-1), torch.ones(24))
+    accuracy = (probabilities.argmax(-1) == labels).float().mean().item()
+    assert accuracy == pytest.approx(rank0["val"]["val/acc"], abs=1e-6)
+
+
+def test_two_nodes_through_torchrun(in_project_copy, tiny_shapes):
+    shutil.copytree(PROJECT_ROOT / "scripts", in_project_copy / "scripts")
+    ranks = in_project_copy / "ranks"
+    env = environment(NNODES="2", NPROC_PER_NODE="1", RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", PYTHON=sys.executable,
+                      JOIN_TIMEOUT="120")  # fmt: skip
+    args = [*ON_CPU, *CSV_LOGGER, *SHORT,
+            *data(tiny_shapes), record(ranks)]  # fmt: skip
+    launch = ["bash", "scripts/torchrun.sh", *args]
+    nodes = [subprocess.Popen(launch, cwd=in_project_copy, env=env, stderr=subprocess.PIPE, text=True) for _ in "01"]
+    try:
+        for node in nodes:
+            assert node.wait(timeout=TIMEOUT) == 0, node.stderr.read()[-4000:]
+    finally:
+        for node in nodes:
+            node.kill()
+    processes = seen(ranks)
+    assert [(p["world_size"], p["global_rank"], p["local_rank"]) for p in processes] == [(2, 0, 0), (2, 1, 0)]
+    assert sorted(p["node_rank"] for p in processes) == [0, 1]
+    assert {p["environment"] for p in processes} == {"TorchElasticEnvironment"}
+
+
+def fake_slurm(project: Path, tasks: int, job_id: str) -> dict[str, str]:
+    """The variables sbatch sets for a job of `tasks` single-task nodes, and stand-ins for srun
+    (start the tasks with their own variables, as srun does) and scontrol (note its arguments)."""
+    bin_dir = project / "fake-slurm"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(
+        "#!/usr/bin/env bash\n"
+        "pids=()\n"
+        "for ((i = 0; i < SLURM_NTASKS; i++)); do\n"
+        '  SLURM_PROCID=$i SLURM_NODEID=$i SLURM_LOCALID=0 "$@" & pids+=($!)\n'
+        "done\n"
+        'status=0; for pid in "${pids[@]}"; do wait "$pid" || status=$?; done; exit "$status"\n'
+    )
+    (bin_dir / "scontrol").write_text(f'#!/usr/bin/env bash\necho "$@" >> {bin_dir / "scontrol.log"}\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    return environment(
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        PYTHON=sys.executable,
+        SLURM_JOB_ID=job_id,
+        SLURM_JOB_NAME="train",
+        SLURM_NTASKS=str(tasks),
+        SLURM_NTASKS_PER_NODE="1",
+        SLURM_JOB_NUM_NODES=str(tasks),
+        SLURM_NNODES=str(tasks),
+        SLURM_NODELIST="127.0.0.1",
+        SLURM_SUBMIT_DIR=str(project),
+        MASTER_PORT=str(free_port()),
+    )
+
+
+def sbatch(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    command = ["bash", str(PROJECT_ROOT / "scripts" / "slurm.sbatch"), *ON_CPU, *CSV_LOGGER, *args]
+    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_slurm_job_runs_in_lightnings_slurm_environment(in_project_copy, tiny_shapes):
+    ranks = in_project_copy / "ranks"
+    env = fake_slurm(in_project_copy, tasks=2, job_id="4242")
+    result = sbatch(in_project_copy, env, *SHORT,
+                    *data(tiny_shapes), record(ranks))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    processes = seen(ranks)
+    assert [(p["world_size"], p["global_rank"], p["node_rank"]) for p in processes] == [(2, 0, 0), (2, 1, 1)]
+    assert {p["environment"] for p in processes} == {"SLURMEnvironment"}
+
+
+def test_slurm_time_limit_saves_requeues_and_resumes(in_project_copy, tiny_shapes):
+    env = fake_slurm(in_project_copy, tasks=1, job_id="777")
+    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 3}})
+    two_epochs = ["--trainer.max_epochs=2", "--trainer.limit_val_batches=1", *data(tiny_shapes)]
+    stopped = sbatch(in_project_copy, env, *two_epochs, f"--trainer.callbacks+={sigterm}")
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
+    assert (in_project_copy / "fake-slurm" / "scontrol.log").read_text().split() == ["requeue", "777"]
+    (last,) = (in_project_copy / "runs" / "dist").glob("*/checkpoints/last.ckpt")
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 3
+
+    requeued = sbatch(in_project_copy, env, *two_epochs)  # SLURM runs the same script again
+    assert requeued.returncode == 0, requeued.stderr[-4000:]
+    assert list((in_project_copy / "runs" / "dist").glob("*/checkpoints/last.ckpt")) == [last]
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 2 * 18
