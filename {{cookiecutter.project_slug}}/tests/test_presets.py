@@ -1,0 +1,114 @@
+"""Every trainer preset parses, builds its strategy, and stops in one line where the hardware is missing."""
+
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import PROJECT_ROOT
+from jsonargparse import ArgumentParser
+from lightning.pytorch.strategies import Strategy
+
+from {{ cookiecutter.package_name }} import hardware
+from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS, main
+from {{ cookiecutter.package_name }}.sharding import wrap_blocks
+
+PRESETS = sorted((PROJECT_ROOT / "configs" / "trainer").glob("*.yaml"))
+HARDWARE_KEYS = {"accelerator", "devices", "num_nodes", "strategy", "precision"}
+
+
+def run_cli(monkeypatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
+    main()
+
+
+def trainer_section(preset: Path) -> dict:
+    return yaml.safe_load(preset.read_text())["trainer"]
+
+
+def test_the_default_config_starts_from_a_preset():
+    assert DEFAULT_CONFIGS[0].parent == Path("configs/trainer")
+    assert (PROJECT_ROOT / DEFAULT_CONFIGS[0]).is_file()
+    recipe = yaml.safe_load((PROJECT_ROOT / DEFAULT_CONFIGS[1]).read_text())["trainer"]
+    assert not HARDWARE_KEYS & recipe.keys(), "the recipe would override the preset's hardware"
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda path: path.stem)
+def test_preset_sets_all_the_hardware_and_parses(monkeypatch, capsys, in_project_copy, preset):
+    # Each preset sets every hardware key, so one composed after another replaces it whole.
+    assert trainer_section(preset).keys() >= HARDWARE_KEYS
+    with pytest.raises(SystemExit) as done:
+        run_cli(monkeypatch, "fit", f"--config={preset}", "--print_config")
+    assert done.value.code == 0
+    # Composed over the default preset and the recipe, the preset's hardware is what stands.
+    # DeepSpeed logs a line to stdout when imported on a machine without CUDA.
+    output = "\n".join(line for line in capsys.readouterr().out.splitlines() if not line.startswith("[20"))
+    printed, wanted = yaml.safe_load(output)["trainer"], trainer_section(preset)
+    for key in HARDWARE_KEYS - {"strategy"}:
+        assert printed[key] == wanted[key], key
+    if isinstance(wanted["strategy"], dict):
+        assert printed["strategy"]["class_path"] == wanted["strategy"]["class_path"]
+        assert printed["strategy"]["init_args"].items() >= wanted["strategy"]["init_args"].items()
+    else:
+        assert printed["strategy"] == wanted["strategy"]
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda path: path.stem)
+def test_preset_builds_its_strategy(preset):
+    parser = ArgumentParser()
+    parser.add_argument("--strategy", type=Strategy | str)
+    config = parser.parse_object({"strategy": trainer_section(preset)["strategy"]})
+    if "deepspeed" in preset.stem and find_spec("deepspeed") is None:
+        with pytest.raises(Exception, match="pip install"):
+            parser.instantiate(config)
+        return
+    strategy = parser.instantiate(config).strategy
+    expected = {"fsdp": "FSDP2Strategy", "fsdp1": "FSDPStrategy", "ddp": "DDPStrategy", "multinode": "DDPStrategy"}
+    expected |= {"deepspeed_stage2": "DeepSpeedStrategy", "deepspeed_stage3_offload": "DeepSpeedStrategy"}
+    name = type(strategy).__name__ if isinstance(strategy, Strategy) else strategy
+    assert name == expected.get(preset.stem, "auto")
+    if preset.stem == "fsdp1":  # the policy given by its import path arrives as the function
+        assert strategy.kwargs["auto_wrap_policy"] is wrap_blocks
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("preset", ["fsdp1", "deepspeed_stage2", "deepspeed_stage3_offload"])
+@pytest.mark.parametrize("accelerator", ["gpu", "cpu"])
+def test_cuda_only_presets_stop_in_one_line_before_any_work(monkeypatch, in_project_copy, preset, accelerator):
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(monkeypatch, "fit", f"--config=configs/trainer/{preset}.yaml", f"--trainer.accelerator={accelerator}")
+    message = str(stopped.value.code)
+    assert message.startswith("error: ") and "\n" not in message
+    assert "NVIDIA GPUs only" in message and "configs/trainer/ddp.yaml" in message
+    assert not (in_project_copy / "data").exists() and not (in_project_copy / "runs").exists()
+
+
+def test_fp16_on_the_cpu_is_refused(monkeypatch, in_project_copy):
+    with pytest.raises(SystemExit, match="bf16-mixed or 32-true"):
+        run_cli(monkeypatch, "fit", "--config=configs/trainer/cpu.yaml", "--trainer.precision=16-mixed")
+
+
+def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    with pytest.raises(hardware.HardwareError, match="Tesla V100.*16-mixed"):
+        hardware.check_hardware({"accelerator": "gpu", "precision": "bf16-mixed", "strategy": "auto"})
+    hardware.check_hardware({"accelerator": "gpu", "precision": "16-mixed", "strategy": "ddp"})
+
+
+@pytest.mark.parametrize(
+    ("strategy", "name"),
+    [
+        ("auto", "auto"),
+        ("ddp", "DDPStrategy"),
+        ("ddp_find_unused_parameters_true", "DDPStrategy"),
+        ("fsdp", "FSDPStrategy"),
+        ("deepspeed_stage_3_offload", "DeepSpeedStrategy"),
+        ({"class_path": "lightning.pytorch.strategies.FSDPStrategy"}, "FSDPStrategy"),
+    ],
+)
+def test_strategy_names_as_users_write_them(strategy, name):
+    assert hardware.strategy_class_name(strategy) == name
