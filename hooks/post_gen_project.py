@@ -40,6 +40,7 @@ VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else 
 UNSELECTED = {
     Path("src") / PACKAGE / "wandb_logging.py": ANSWERS["logger"] != "wandb",
     Path("tests") / "test_wandb_logging.py": ANSWERS["logger"] != "wandb",
+    Path("configs") / "trainer" / "mps.yaml": ANSWERS["accelerator"] != "mps",
 }
 
 
@@ -216,6 +217,10 @@ def smoke_test(python: str) -> None:
                 "--trainer.logger.save_dir=runs", "--trainer.logger.name=smoke-test"]  # fmt: skip
     step("Smoke test 2/2: a two-batch fit that writes a checkpoint, then reloading it", tiny_fit)
     checkpoint = max(Path("runs/smoke-test").glob("version_*/checkpoints/last.ckpt"), key=os.path.getmtime)
+    if checkpoint.is_dir():  # FSDP and DeepSpeed write shards: make the single file a user would load
+        single = checkpoint.with_name("last-consolidated.ckpt")
+        step("Consolidating the sharded checkpoint", [*cli, "consolidate", str(checkpoint), str(single)])
+        checkpoint = single
     reload = f"from {PACKAGE} import ImageClassifier; m = ImageClassifier.load_from_checkpoint({str(checkpoint)!r}); print(m.hparams.class_names)"  # fmt: skip
     step("Reloading the checkpoint", [python, "-c", reload])
     tiny = time.monotonic() - started

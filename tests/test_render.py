@@ -1,5 +1,6 @@
 """Render the template under every valid mix of answers and check what comes out."""
 
+import os
 import re
 import subprocess
 import sys
@@ -16,27 +17,42 @@ from conftest import answer_matrix, render
 MATRIX = answer_matrix()
 
 
-def expected_files(package: str, logger: str) -> set[str]:
+PRESETS = ["auto", "cpu", "gpu", "ddp", "fsdp", "fsdp1", "deepspeed_stage2", "deepspeed_stage3_offload", "multinode"]
+MODULES = ["__init__", "__main__", "backbone", "callbacks", "checkpoint_io", "cli", "consolidate", "data", "doctor",
+           "hardware", "model", "resume", "shapes", "sharding"]  # fmt: skip
+TESTS = ["conftest", "helper_callbacks", "test_cli", "test_data", "test_distributed", "test_doctor", "test_model",
+         "test_presets", "test_reproducibility", "test_resume", "test_safeguards", "test_shapes", "test_sharding"]  # fmt: skip
+
+
+def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
     files = {
         ".gitignore",
         "README.md",
         "pyproject.toml",
         "configs/default.yaml",
-        *(
-            f"src/{package}/{name}.py"
-            for name in ("__init__", "__main__", "backbone", "callbacks", "checkpoint_io", "cli", "data", "doctor")
-        ),
-        *(f"tests/{name}.py" for name in ("conftest", "test_cli", "test_data", "test_doctor", "test_model")),
-        *(f"src/{package}/{name}.py" for name in ("model", "resume", "shapes")),
-        *(
-            f"tests/{name}.py"
-            for name in ("helper_callbacks", "test_reproducibility", "test_resume", "test_safeguards")
-        ),
-        "tests/test_shapes.py",
+        "scripts/torchrun.sh",
+        "scripts/slurm.sbatch",
+        *(f"configs/trainer/{name}.yaml" for name in PRESETS),
+        *(f"src/{package}/{name}.py" for name in MODULES),
+        *(f"tests/{name}.py" for name in TESTS),
     }
     if logger == "wandb":
         files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py"}
+    if accelerator == "mps":
+        files.add("configs/trainer/mps.yaml")
     return files
+
+
+def chosen_preset(answers: dict[str, str]) -> str:
+    """The preset the answers choose; the default config reads it first."""
+    strategy, accelerator = answers["strategy"], answers["accelerator"]
+    if strategy == "fsdp":
+        return "fsdp"
+    if strategy == "deepspeed":
+        return "deepspeed_stage2"
+    if strategy == "ddp" or answers["devices"] != "1":
+        return "ddp"
+    return accelerator
 
 
 def rendered_files(project) -> set[str]:
@@ -62,7 +78,7 @@ def test_render(tmp_path, answers):
     project = render(tmp_path, **answers)
     package = project.name.replace("-", "_")
     assert project.name == re.sub(r"[^a-z0-9]+", "-", answers["project_name"].lower().replace("é", "e")).strip("-")
-    assert rendered_files(project) == expected_files(package, answers["logger"])
+    assert rendered_files(project) == expected_files(package, answers["logger"], answers["accelerator"])
 
     for name in rendered_files(project):
         text = (project / name).read_text()
@@ -73,10 +89,22 @@ def test_render(tmp_path, answers):
             assert yaml.safe_load((project / name).read_text()), f"{name} is empty"
     config = yaml.safe_load((project / "configs/default.yaml").read_text())
     trainer = config["trainer"]
+    preset = chosen_preset(answers)
+    assert f'Path("configs/trainer/{preset}.yaml"), Path("configs/default.yaml")' in (
+        project / "src" / package / "cli.py"
+    ).read_text()
+    hardware = yaml.safe_load((project / f"configs/trainer/{preset}.yaml").read_text())["trainer"]
     devices = answers["devices"]
-    assert trainer["accelerator"] == answers["accelerator"]
-    assert trainer["devices"] == (devices if devices == "auto" else int(devices))
-    assert (trainer["strategy"], trainer["precision"]) == (answers["strategy"], answers["precision"])
+    assert hardware["accelerator"] == answers["accelerator"]
+    assert hardware["devices"] == (devices if devices == "auto" else int(devices))
+    assert hardware["precision"] == answers["precision"]
+    strategy = {"auto": "auto", "ddp": "DDPStrategy", "fsdp": "FSDP2Strategy", "deepspeed": "DeepSpeedStrategy"}
+    if answers["strategy"] == "auto" and devices != "1":
+        strategy["auto"] = "DDPStrategy"  # several devices: data parallel
+    given = hardware["strategy"]
+    assert (given["class_path"].rsplit(".", 1)[-1] if isinstance(given, dict) else given) == strategy[answers["strategy"]]
+    for executable in ("scripts/torchrun.sh", "scripts/slurm.sbatch"):
+        assert os.access(project / executable, os.X_OK), f"{executable} lost its executable bit"
     logger_class = {"wandb": "WandbLogger", "tensorboard": "TensorBoardLogger", "csv": "CSVLogger"}
     assert trainer["logger"]["class_path"].endswith(logger_class[answers["logger"]])
     assert config["model"]["backbone"] == answers["backbone"]
