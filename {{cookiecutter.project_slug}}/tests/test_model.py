@@ -65,9 +65,16 @@ def test_checkpoint_of_a_pretrained_model_reloads_offline(monkeypatch, tmp_path,
     assert torch.equal(reloaded.backbone.fc.weight, model.backbone.fc.weight)
 
 
+def fake_trainer(processes: int = 1, accumulate: int = 1, steps: float = 100) -> SimpleNamespace:
+    """What configure_optimizers reads of a Trainer running `processes` data-parallel processes."""
+    shards = {"num_replicas": processes, "rank": 0} if processes > 1 else None
+    return SimpleNamespace(distributed_sampler_kwargs=shards, accumulate_grad_batches=accumulate,
+                           estimated_stepping_batches=steps, strategy=SimpleNamespace())  # fmt: skip
+
+
 def test_norms_and_biases_get_no_weight_decay():
     model = ImageClassifier(num_classes=3, weight_decay=0.1)
-    model._trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=1, estimated_stepping_batches=100)
+    model._trainer = fake_trainer()
     decay, no_decay = model.configure_optimizers()["optimizer"].param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
@@ -76,7 +83,7 @@ def test_norms_and_biases_get_no_weight_decay():
 
 def test_learning_rate_scales_with_the_effective_batch():
     model = ImageClassifier(num_classes=3, lr=1e-3, batch_size=32, base_batch_size=64)
-    model._trainer = SimpleNamespace(world_size=4, accumulate_grad_batches=2, estimated_stepping_batches=10)
+    model._trainer = fake_trainer(processes=4, accumulate=2)
     assert model.scaled_lr() == pytest.approx(1e-3 * 32 * 4 * 2 / 64)
     model.hparams.scale_lr = False
     assert model.scaled_lr() == 1e-3
@@ -91,7 +98,7 @@ def test_schedule_warms_up_then_decays_to_zero():
 
 def test_schedule_needs_the_run_length():
     model = ImageClassifier(num_classes=3)
-    model._trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=1, estimated_stepping_batches=math.inf)
+    model._trainer = fake_trainer(steps=math.inf)
     with pytest.raises(ValueError, match="max_epochs or trainer.max_steps"):
         model.configure_optimizers()
 

@@ -3,6 +3,7 @@
 import sys
 from importlib.util import find_spec
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from lightning.pytorch.strategies import Strategy
 
 from {{ cookiecutter.package_name }} import hardware
 from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS, main
+from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.sharding import wrap_blocks
 
 PRESETS = sorted((PROJECT_ROOT / "configs" / "trainer").glob("*.yaml"))
@@ -71,6 +73,10 @@ def test_preset_builds_its_strategy(preset):
     assert name == expected.get(preset.stem, "auto")
     if preset.stem == "fsdp1":  # the policy given by its import path arrives as the function
         assert strategy.kwargs["auto_wrap_policy"] is wrap_blocks
+    if name == "DeepSpeedStrategy":  # offloading needs DeepSpeed's CPU Adam, which the model then builds
+        model = ImageClassifier(num_classes=3)
+        model._trainer = SimpleNamespace(strategy=strategy)
+        assert model._offloads_optimizer() == ("offload" in preset.stem)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
