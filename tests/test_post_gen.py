@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE
+from conftest import TEMPLATE, render
 
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
 
@@ -126,3 +126,12 @@ def test_fresh_uv_environment_passes_the_smoke_test(tmp_path):
     python = project / ".venv" / "bin" / "python"
     assert subprocess.run([python, "-c", "import image_classifier, pytest"], cwd=tmp_path).returncode == 0
     assert ". .venv/bin/activate && python -m image_classifier fit" in result.stdout
+
+
+def test_gitignore_keeps_data_runs_checkpoints_logs_and_secrets_out(tmp_path):
+    project = render(tmp_path)
+    ignored = ["data/shapes/train/circle/0001.png", "runs/p/version_0/checkpoints/last.ckpt", "model.ckpt",
+               "wandb/offline-run-1/run-1.wandb", "lightning_logs/version_0/hparams.yaml", "slurm-42.out", ".env"]  # fmt: skip
+    kept = ["src/image_classifier/model.py", "configs/trainer/ddp.yaml", "scripts/slurm.sbatch", "README.md"]
+    checked = subprocess.run(["git", "check-ignore", *ignored, *kept], cwd=project, capture_output=True, text=True)
+    assert checked.stdout.split() == ignored

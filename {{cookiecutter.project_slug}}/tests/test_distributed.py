@@ -93,7 +93,8 @@ def test_ddp_splits_the_data_and_agrees_with_one_process(in_project_copy, uneven
     assert alone["val"]["val/loss"] == pytest.approx(rank0["val"]["val/loss"], rel=1e-5)
 
 
-def test_augmentations_differ_between_processes(in_project_copy, tiny_shapes, tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_augmentations_differ_between_processes(in_project_copy, tiny_shapes, tmp_path, workers):
     # Every training image is the same picture, so the batches differ only by their augmentation.
     same = tmp_path / "same"
     picture = next((tiny_shapes / "train").glob("*/*.png"))
@@ -104,9 +105,11 @@ def test_augmentations_differ_between_processes(in_project_copy, tiny_shapes, tm
                 shutil.copy(picture, same / split / class_dir.name / image.name)
     ranks = in_project_copy / "ranks"
     fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
-        *SHORT, *data(same), record(ranks))  # fmt: skip
+        *SHORT, *data(same), f"--data.num_workers={workers}", record(ranks))  # fmt: skip
     rank0, rank1 = seen(ranks)
     assert rank0["first_batch"] != rank1["first_batch"]
+    # Within a process, each image of the batch is cropped and flipped anew.
+    assert len(set(rank0["first_batch"])) == len(rank0["first_batch"])
 
 
 def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_copy, tiny_shapes):
