@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from {{ cookiecutter.package_name }}.data import ImageDataModule, read_rgb, stratified_split
+from {{ cookiecutter.package_name }}.data import IMAGENET_MEAN, IMAGENET_STD, ImageDataModule, read_rgb, stratified_split
 from {{ cookiecutter.package_name }}.shapes import CLASSES
 
 
@@ -195,3 +195,14 @@ def test_unreadable_image_can_stop_the_run_naming_the_file(tmp_path):
     data.setup("fit")
     with pytest.raises(Exception, match=r"Cannot read the image .*(garbage\.jpg|truncated\.png)"):
         list(data.train_dataloader())
+
+
+def test_batches_travel_as_uint8_and_become_normalised_floats_on_the_device(tiny_shapes):
+    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=8, image_size=32)
+    data.setup("fit")
+    images, labels = next(iter(data.val_dataloader()))
+    assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32)
+    normalised, same_labels = data.on_after_batch_transfer((images, labels), 0)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    assert normalised.dtype == torch.float32 and torch.allclose(normalised, (images / 255 - mean) / std, atol=1e-6)
+    assert same_labels is labels

@@ -126,7 +126,7 @@ def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_co
     model = ImageClassifier.load_from_checkpoint(single_file, map_location="cpu").eval()
     datamodule = ImageDataModule(tiny_shapes, num_workers=0, batch_size=24)
     datamodule.setup("validate")
-    images, labels = next(iter(datamodule.val_dataloader()))
+    images, labels = datamodule.on_after_batch_transfer(next(iter(datamodule.val_dataloader())), 0)
     with torch.no_grad():
         probabilities = model(images).softmax(-1)
     assert probabilities.shape == (24, 6) and torch.allclose(probabilities.sum(-1), torch.ones(24))

@@ -139,3 +139,58 @@ def test_overfitting_one_batch_drives_the_loss_down(tiny_shapes):
     )
     trainer.fit(model, data)
     assert min(recorder.losses[-5:]) < 0.2 * recorder.losses[0]
+
+
+@pytest.mark.parametrize(
+    ("backbone", "channels_last", "expected"),
+    [("resnet18", True, True), ("resnet18", False, False), ("vit_b_16", True, False)],
+)
+def test_convolutional_backbones_train_channels_last(tiny_shapes, backbone, channels_last, expected):
+    model = ImageClassifier(num_classes=6, backbone=backbone, channels_last=channels_last)
+    trainer = L.Trainer(accelerator="cpu", fast_dev_run=True, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.fit(model, ImageDataModule(tiny_shapes, num_workers=0, batch_size=4, image_size=32 if expected else 224))
+    kernels = [m.weight for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size != (1, 1)]
+    assert all(k.is_contiguous(memory_format=torch.channels_last) for k in kernels) == expected
+    assert all(k.is_contiguous() for k in kernels) != expected
+
+
+def test_compile_mode_compiles_the_backbone_in_place(monkeypatch):
+    compiled = []
+    model = ImageClassifier(num_classes=3, compile_mode="reduce-overhead")
+    monkeypatch.setattr(model.backbone, "compile", lambda **options: compiled.append(options))
+    model._trainer = SimpleNamespace(strategy=SimpleNamespace())
+    model.configure_model()
+    model.configure_model()  # once per process, whatever the number of stages
+    assert compiled == [{"mode": "reduce-overhead"}]
+    assert all(not name.startswith("backbone._orig_mod") for name in model.state_dict())
+
+
+class HostReadError(AssertionError):
+    """A tensor was read back to the host: on a GPU, the host would wait for the device there."""
+
+
+class TrainingStepWithoutHostReads(ImageClassifier):
+    def training_step(self, batch, batch_idx):
+        def refuse(*args, **kwargs):
+            raise HostReadError("the training step read a tensor back to the host")
+
+        saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, refuse)
+        try:
+            return super().training_step(batch, batch_idx)
+        finally:
+            for name, method in saved.items():
+                setattr(torch.Tensor, name, method)
+
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+
+
+def test_the_training_step_never_waits_for_the_device(tiny_shapes):
+    model = TrainingStepWithoutHostReads(num_classes=6, batch_size=8, base_batch_size=8)
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    trainer.fit(model, ImageDataModule(tiny_shapes, num_workers=0, batch_size=8))
+    assert trainer.global_step == 3

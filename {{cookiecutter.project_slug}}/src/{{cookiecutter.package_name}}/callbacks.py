@@ -34,8 +34,9 @@ class StopOnNonFiniteLoss(L.Callback):
     """Stop before a NaN or infinite loss can touch the weights, naming the step and the batch.
 
     The run stops before the bad update and before any further checkpoint, so the last checkpoint
-    is a good one. With `skip_batches`, such batches are dropped with a warning instead. The check
-    reads the loss on the host: one device sync per step.
+    is a good one. With `skip_batches`, such batches are dropped with a warning instead. The loss is
+    checked on the device and read back once per optimizer step, after the backward pass has been
+    queued, so the GPU stays busy while the host waits for the answer.
 
     Args:
         skip_batches: Drop the update of a batch whose loss is not finite instead of stopping.
@@ -43,16 +44,22 @@ class StopOnNonFiniteLoss(L.Callback):
 
     def __init__(self, skip_batches: bool = False) -> None:
         self.skip_batches = skip_batches
-        self._drop_update = False
+        self._finite: torch.Tensor | None = None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         self._batch_idx = batch_idx
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        finite = torch.isfinite(loss.detach())
+        self._finite = finite if self._finite is None else self._finite & finite  # over accumulated batches
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        if self._finite is None:
+            return
+        here, self._finite = bool(self._finite.item()), None
         # Decided together: gradient averaging spreads one process's NaN to all of them, and a
         # process that stopped alone would leave the others waiting.
-        finite = trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss).item()), all=True)
-        if finite:
+        if trainer.strategy.reduce_boolean_decision(here, all=True):
             return
         where = f"global step {trainer.global_step} (epoch {trainer.current_epoch}, batch {self._batch_idx})"
         if not self.skip_batches:
@@ -64,10 +71,5 @@ class StopOnNonFiniteLoss(L.Callback):
                 "skip_batches: true on StopOnNonFiniteLoss to drop such batches."
             )
         rank_zero_warn(f"Loss is not finite at {where}: dropping this batch's update.")
-        self._drop_update = True
-
-    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
-        if self._drop_update:
-            # Parameters without gradients are left alone by the optimizer: the batch never happened.
-            optimizer.zero_grad(set_to_none=True)
-            self._drop_update = False
+        # Parameters without gradients are left alone by the optimizer: the batch never happened.
+        optimizer.zero_grad(set_to_none=True)

@@ -5,10 +5,12 @@ import json
 import math
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric, MetricCollection
@@ -35,6 +37,12 @@ class ImageClassifier(L.LightningModule):
         batch_size: Images per device and step; the CLI takes it from the data.
         base_batch_size: The effective batch size at which `lr` applies unscaled.
         scale_lr: Scale `lr` linearly by effective batch size / `base_batch_size`.
+        channels_last: Lay convolutional backbones and their inputs out channels-last (NHWC), the
+            layout tensor cores and cuDNN's fastest kernels use (about 1.2-1.5x faster convolutions
+            under bf16/fp16 on current NVIDIA GPUs). No effect on transformers.
+        compile_mode: `torch.compile` the backbone with this mode ("default", "reduce-overhead",
+            "max-autotune"), or "off". Compiling takes a minute or more at the start of each run;
+            TORCHINDUCTOR_CACHE_DIR on a persistent disk keeps the compiled kernels across runs.
     """
 
     def __init__(
@@ -50,21 +58,25 @@ class ImageClassifier(L.LightningModule):
         batch_size: int = 64,
         base_batch_size: int = 64,
         scale_lr: bool = True,
+        channels_last: bool = True,
+        compile_mode: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off",
     ) -> None:
         super().__init__()
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"num_classes={num_classes} but {len(class_names)} class names were given")
         self.save_hyperparameters()
         self.backbone = build_backbone(backbone, num_classes, pretrained)
+        self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = _classification_metrics(num_classes, "train/")
         self.val_metrics = _classification_metrics(num_classes, "val/")
         self.test_metrics = _classification_metrics(num_classes, "test/")
         # Weighted by batch size and summed across processes: the mean over every image, however
         # the images are spread over processes and batches.
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self._compiled = False
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.backbone(images)
+        return self.backbone(images.contiguous(memory_format=self._memory_format))
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
@@ -100,12 +112,26 @@ class ImageClassifier(L.LightningModule):
         return self(images).softmax(dim=-1)
 
     def configure_model(self) -> None:
+        if self._trainer is None:  # load_from_checkpoint calls this too: the model stays as built
+            return
         # FSDP2 (configs/trainer/fsdp.yaml): ModelParallelStrategy hands over a device mesh and
         # leaves the sharding to the model. Every other strategy has no mesh and takes the model whole.
-        if self.device_mesh is None:
-            return
-        param_dtype = torch.bfloat16 if self.trainer.precision == "bf16-mixed" else None
-        fully_shard_blocks(self.backbone, self.device_mesh["data_parallel"], param_dtype)
+        if self.device_mesh is not None:
+            fully_shard_blocks(self.backbone, self.device_mesh["data_parallel"])
+        elif self.hparams.channels_last and self._takes_channels_last():
+            self.backbone.to(memory_format=torch.channels_last)
+            self._memory_format = torch.channels_last
+        if self.hparams.compile_mode != "off" and not self._compiled:
+            # In place, after sharding: the state_dict keeps its names, so checkpoints load uncompiled.
+            self.backbone.compile(mode=self.hparams.compile_mode)
+            self._compiled = True
+
+    def _takes_channels_last(self) -> bool:
+        # Sharding engines (FSDP, DeepSpeed) need contiguous parameters; a ViT's one patch-embedding
+        # convolution gains nothing from the layout.
+        sharded = isinstance(self.trainer.strategy, (FSDPStrategy, DeepSpeedStrategy))
+        convolutions = sum(isinstance(module, torch.nn.Conv2d) for module in self.backbone.modules())
+        return not sharded and convolutions > 1
 
     def on_validation_epoch_start(self) -> None:
         # FSDP2 leaves BatchNorm statistics to each process, which then drift apart; take rank 0's,
@@ -223,10 +249,13 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
 
 
 def _classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
+    # The labels come from class folders, always in range; checking them would read tensors back
+    # from the device at every step, stalling the GPU.
+    checks = {"validate_args": False}
     metrics = {
-        "acc": MulticlassAccuracy(num_classes, average="micro"),
-        "f1": MulticlassF1Score(num_classes, average="macro"),
+        "acc": MulticlassAccuracy(num_classes, average="micro", **checks),
+        "f1": MulticlassF1Score(num_classes, average="macro", **checks),
     }
     if num_classes > 5:
-        metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+        metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro", **checks)
     return MetricCollection(metrics, prefix=prefix)

@@ -8,7 +8,6 @@ list: FSDP2 (configs/trainer/fsdp.yaml) in ImageClassifier.configure_model, FSDP
 
 from datetime import timedelta
 
-import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
@@ -56,19 +55,20 @@ def wrap_blocks(module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool
     return recurse or is_block(module)
 
 
-def fully_shard_blocks(model: nn.Module, mesh, param_dtype: torch.dtype | None = None) -> None:
+def fully_shard_blocks(model: nn.Module, mesh) -> None:
     """Shard `model` with FSDP2: each block, then the rest as the root unit.
 
-    With `param_dtype` (bf16 for bf16 mixed precision), parameters are gathered and computed in that
-    dtype while the sharded master weights, the gradient reduction and the optimizer stay float32.
+    Mixed precision comes from the trainer's autocast (bf16-mixed), not from FSDP2's
+    MixedPrecisionPolicy: gathering BatchNorm weights in bf16 beside float32 running statistics
+    fails on CPU, and autocast keeps master weights, gradients and optimizer state in float32.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch 2.6+, needed here only
+    from torch.distributed.fsdp import FSDPModule, fully_shard  # torch 2.6+, needed here only
 
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
-    options = {"mesh": mesh} | ({"mp_policy": policy} if policy else {})
+    if isinstance(model, FSDPModule):  # configure_model runs again for each stage of a process
+        return
     for block in backbone_blocks(model):
-        fully_shard(block, **options)
-    fully_shard(model, **options)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 class FSDP2Strategy(ModelParallelStrategy):

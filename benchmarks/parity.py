@@ -1,0 +1,243 @@
+"""Training-loop overhead: the generated project's Lightning loop against a plain PyTorch loop.
+
+Run from the template's root:
+
+    .venv/bin/python benchmarks/parity.py [--steps 30] [--warmup 5] [--repeats 5] [--num-workers 0]
+                                          [--precision bf16-mixed|32-true] [--batch-size 64]
+
+A project is rendered from the template into a temporary folder and imported from there, so the
+figures follow the template as it changes. Both loops train a fresh ImageClassifier (resnet18,
+64 px, 6 classes, from scratch) from the same seed on the same batches of the project's shapes
+dataset, with the optimizer and warmup-cosine schedule of its configure_optimizers and the same
+precision. Each repetition runs the two loops one after the other, in alternating order, within
+one epoch, and times each step after the warmup ones from the end of the step before (so data
+loading and all loop overhead count). The first table gives each repetition's median ms per step
+of each loop, their ratio (Lightning / plain) and each loop's last loss, which agree when both
+loops do the same work; the summary pools the timed steps of all repetitions and gives the ratio
+of the median ms per step.
+"""
+
+import argparse
+import contextlib
+import gc
+import logging
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def render_project(out: Path) -> Path:
+    """The template rendered into `out`; returns the project's src folder."""
+    cookiecutter = Path(sys.executable).with_name("cookiecutter")
+    subprocess.run(
+        [cookiecutter, "--no-input", ROOT, "-o", out, "setup_env=none", "smoke_test=no", "logger=csv"],
+        check=True,
+        capture_output=True,
+    )
+    return out / "image-classifier" / "src"
+
+
+class Project:
+    """The rendered project's model and data, built alike for both loops."""
+
+    def __init__(self, src: Path, data_dir: Path, args, total: int) -> None:
+        sys.path.insert(0, str(src))
+        from image_classifier.data import ImageDataModule
+        from image_classifier.model import ImageClassifier
+        from image_classifier.shapes import CLASSES, draw_shapes_dataset
+
+        self.ImageDataModule, self.ImageClassifier = ImageDataModule, ImageClassifier
+        # One epoch holds every step, so no epoch-end work lands in the timed steps. The one val
+        # image per class only gives the folder layout; validation is off.
+        per_class = math.ceil((total + 1) * args.batch_size / len(CLASSES))
+        self.data_dir = draw_shapes_dataset(data_dir, images_per_class={"train": per_class, "val": 1}, size=64)
+
+    def build(self, args):
+        datamodule = self.ImageDataModule(
+            data_dir=self.data_dir, batch_size=args.batch_size, num_workers=args.num_workers, image_size=64
+        )
+        model = self.ImageClassifier(
+            num_classes=datamodule.num_classes,
+            class_names=datamodule.class_names,
+            backbone="resnet18",
+            pretrained=False,
+            batch_size=args.batch_size,
+        )
+        return datamodule, model
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepTimer(L.Callback):
+    """The end time of each step from the last warmup one on, and the last loss."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.ends: list[float] = []
+        self.loss = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx + 1 >= self.warmup:
+            sync(pl_module.device)
+            self.ends.append(time.perf_counter())
+            self.loss = outputs["loss"]
+
+
+def step_times(ends: list[float]) -> list[float]:
+    """Seconds of each step: from the end of the one before to its own end, data loading included."""
+    return [end - start for start, end in zip(ends[:-1], ends[1:], strict=True)]
+
+
+def run_lightning(project, args, total: int) -> tuple[list[float], float]:
+    L.seed_everything(args.seed, verbose=False)
+    datamodule, model = project.build(args)
+    timer = StepTimer(args.warmup)
+    trainer = L.Trainer(
+        accelerator="auto",
+        devices=1,
+        precision=args.precision,
+        max_steps=total,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[timer],
+    )
+    trainer.fit(model, datamodule)
+    return step_times(timer.ends), timer.loss.item()
+
+
+def run_plain(project, args, total: int) -> tuple[list[float], float]:
+    L.seed_everything(args.seed, verbose=False)
+    datamodule, model = project.build(args)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device).train()
+    # What configure_optimizers reads from the trainer, for a single device and no accumulation.
+    model.trainer = SimpleNamespace(
+        estimated_stepping_batches=total,
+        accumulate_grad_batches=1,
+        distributed_sampler_kwargs=None,
+        strategy=SimpleNamespace(),
+    )
+    config = model.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    datamodule.setup("fit")
+    loader = datamodule.train_dataloader()
+    after_transfer = "on_after_batch_transfer" in vars(type(datamodule))
+    if args.precision == "bf16-mixed":
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    else:
+        autocast = contextlib.nullcontext()
+    label_smoothing = model.hparams.label_smoothing
+    ends = []
+
+    for step, batch in enumerate(loader, start=1):
+        batch = [tensor.to(device, non_blocking=True) for tensor in batch]
+        if after_transfer:
+            batch = datamodule.on_after_batch_transfer(batch, 0)
+        images, labels = batch
+        with autocast:
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+            model.train_metrics.update(logits, labels)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        if step >= args.warmup:
+            sync(device)
+            ends.append(time.perf_counter())
+        if step == total:
+            return step_times(ends), loss.item()
+    raise ValueError(f"The training set gives fewer than {total} batches")
+
+
+def machine() -> str:
+    if torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+    else:
+        cpuinfo = Path("/proc/cpuinfo")
+        lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+        device = f"CPU ({names[0] if names else platform.processor() or platform.machine()})"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"device: {device}; CPUs: {cpus} usable of {os.cpu_count()}; torch threads: {torch.get_num_threads()}\n"
+        f"python {platform.python_version()}, torch {torch.__version__}, lightning {L.__version__}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per loop and repetition")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--precision", choices=["bf16-mixed", "32-true"], default="bf16-mixed")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.warmup < 1 or args.steps < 1:
+        parser.error("--warmup and --steps must be at least 1")
+    total = args.warmup + args.steps
+
+    # Lightning's info lines (and the model's learning-rate line) would break up the table.
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    print(machine())
+    print(
+        f"resnet18, 64 px, batch {args.batch_size}, {args.precision}, num_workers {args.num_workers}, "
+        f"{args.steps} timed steps after {args.warmup} warmup, {args.repeats} repetitions"
+    )
+    loops = {"lightning": run_lightning, "plain": run_plain}
+    reps = []
+    with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
+        project = Project(render_project(Path(tmp)), Path(tmp) / "shapes", args, total)
+        for rep in range(args.repeats):
+            # Alternate which loop goes first, so neither always inherits the other's warm caches.
+            order = list(loops) if rep % 2 == 0 else list(reversed(loops))
+            reps.append({})
+            for name in order:
+                reps[-1][name] = loops[name](project, args, total)
+                gc.collect()  # ends the run's persistent loader workers before the next run
+
+    # A median per step rather than a mean: a busy machine stalls a few steps for seconds.
+    print(
+        f"\n{'rep':>3}  {'lightning ms':>12}  {'plain ms':>8}  {'ratio':>6}  {'last loss lightning':>19}  {'plain':>8}"
+    )
+    for rep, runs in enumerate(reps):
+        (light, light_loss), (plain, plain_loss) = runs["lightning"], runs["plain"]
+        light, plain = statistics.median(light) * 1e3, statistics.median(plain) * 1e3
+        print(
+            f"{rep:>3}  {light:>12.1f}  {plain:>8.1f}  {light / plain:>5.2f}x  {light_loss:>19.5f}  {plain_loss:>8.5f}"
+        )
+
+    print(f"\nover all {args.repeats * args.steps} timed steps of each loop, ms/step:")
+    print(f"{'loop':>9}  {'median':>7}  {'mean':>7}  {'min':>7}")
+    medians = {}
+    for name in loops:
+        times = [t * 1e3 for runs in reps for t in runs[name][0]]
+        medians[name] = statistics.median(times)
+        print(f"{name:>9}  {medians[name]:>7.1f}  {statistics.mean(times):>7.1f}  {min(times):>7.1f}")
+    print(f"\nlightning / plain (median ms/step): {medians['lightning'] / medians['plain']:.2f}x (target <= 1.05x)")
+
+
+if __name__ == "__main__":
+    main()
