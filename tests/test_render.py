@@ -18,9 +18,9 @@ MATRIX = answer_matrix()
 
 
 PRESETS = ["auto", "cpu", "gpu", "ddp", "fsdp", "fsdp1", "deepspeed_stage2", "deepspeed_stage3_offload", "multinode"]
-MODULES = ["__init__", "__main__", "backbone", "callbacks", "checkpoint_io", "cli", "consolidate", "data", "doctor",
+MODULES = ["__init__", "__main__", "backbone", "benchmark", "callbacks", "checkpoint_io", "cli", "consolidate", "data", "doctor",
            "hardware", "model", "resume", "shapes", "sharding"]  # fmt: skip
-TESTS = ["conftest", "helper_callbacks", "test_cli", "test_data", "test_distributed", "test_doctor", "test_model",
+TESTS = ["conftest", "helper_callbacks", "test_benchmark", "test_cli", "test_data", "test_distributed", "test_doctor", "test_model",
          "test_presets", "test_reproducibility", "test_resume", "test_safeguards", "test_shapes", "test_sharding"]  # fmt: skip
 
 

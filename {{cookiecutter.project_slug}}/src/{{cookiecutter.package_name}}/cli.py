@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import consolidate, doctor
+from . import benchmark, consolidate, doctor
 from .data import ImageDataModule
 from .hardware import HardwareError, check_hardware
 from .model import ImageClassifier
@@ -75,7 +75,7 @@ class ClassifierCLI(LightningCLI):
 {%- if cookiecutter.logger == "wandb" %}
         go_offline_unless_reachable()
 {%- endif %}
-        config = self.config[self.subcommand]
+        config = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
         check_hardware(config.trainer)
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         if config.trainer.benchmark is None:
@@ -91,6 +91,8 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(doctor.main(command[1:], DEFAULT_CONFIGS))
     if command[:1] == ["consolidate"]:
         sys.exit(consolidate.main(command[1:]))
+    if command[:1] == ["benchmark"]:
+        sys.exit(benchmark.main(command[1:]))
     defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())

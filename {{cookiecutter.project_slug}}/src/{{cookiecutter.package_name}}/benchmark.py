@@ -1,0 +1,148 @@
+"""`python -m {{ cookiecutter.package_name }} benchmark data|train [CLI options]`: measure this machine on this configuration.
+
+data: images/s of the training data loader for growing num_workers, until more workers stop paying;
+      writes the best setting to configs/tuned.yaml (use it with --config configs/tuned.yaml).
+train: images/s of training steps with the current configuration, and on NVIDIA GPUs the model
+      FLOP utilisation (MFU) against the GPU's peak for the precision.
+Options after the command are the usual CLI options (--config, --data.batch_size 128, ...).
+"""
+
+import argparse
+import platform
+import time
+import warnings
+from datetime import date
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
+
+from .data import ImageDataModule, usable_cpus
+from .model import ImageClassifier
+
+TUNED_CONFIG = Path("configs/tuned.yaml")
+# More workers count as faster only past this margin: timing noise must not add idle processes.
+BETTER_BY = 1.05
+
+
+def build(cli_args: list[str]):
+    """The model, data and trainer that `fit` would build from the same configuration and options."""
+    from .cli import DEFAULT_CONFIGS, ClassifierCLI
+
+    configs = [arg for path in DEFAULT_CONFIGS if path.is_file() for arg in ("--config", str(path))]
+    with warnings.catch_warnings():  # the options are in sys.argv too, behind `benchmark data|train`
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        return ClassifierCLI(ImageClassifier, ImageDataModule, run=False, args=[*configs, *cli_args])
+
+
+def loader_speed(data: ImageDataModule, workers: int, batches: int) -> float:
+    """Images/s over `batches` batches, after the first (worker start-up) is excluded."""
+    data.hparams.num_workers = workers
+    loader = iter(data.train_dataloader())
+    next(loader)
+    images, started = 0, time.perf_counter()
+    for _ in range(batches):
+        batch = next(loader, None)
+        if batch is None:  # a small dataset: start the next epoch's pass
+            loader = iter(data.train_dataloader())
+            batch = next(loader)
+        images += len(batch[1])
+    return images / (time.perf_counter() - started)
+
+
+def benchmark_data(cli_args: list[str], batches: int) -> None:
+    data = build(cli_args).datamodule
+    data.prepare_data()
+    data.setup("fit")
+    cpus = usable_cpus()
+    print(f"Data loading, batch size {data.batch_size}, {data.hparams.image_size} px, {cpus} usable CPUs")
+    print(f"{'workers':>8}  {'images/s':>9}")
+    speeds: dict[int, float] = {}
+    best = 0
+    for workers in [0, 1, *(2**power for power in range(1, 8) if 2**power <= cpus)]:
+        speeds[workers] = loader_speed(data, workers, batches)
+        print(f"{workers:>8}  {speeds[workers]:>9.0f}")
+        if speeds[workers] > speeds[best] * BETTER_BY:
+            best = workers
+        elif workers >= 2:  # more workers stopped paying (one can lose to none where two win)
+            break
+    TUNED_CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    TUNED_CONFIG.write_text(
+        f"# Written by `python -m {{ cookiecutter.package_name }} benchmark data` on {platform.node()} ({cpus} CPUs), "
+        f"{date.today()}:\n# the fastest data loading measured there ({speeds[best]:.0f} images/s per device).\n"
+        f"data:\n  num_workers: {best}\n"
+    )
+    print(f"Best: num_workers {best} ({speeds[best]:.0f} images/s). Written to {TUNED_CONFIG}:")
+    print(f"  python -m {{ cookiecutter.package_name }} fit --config {TUNED_CONFIG}")
+
+
+class StepTimer(L.Callback):
+    """Wall time of the training steps after `warmup` steps (compilation, cuDNN's search, caches)."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.images, self.started, self.elapsed = warmup, 0, 0.0, 0.0
+
+    def _now(self, trainer: L.Trainer) -> float:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()  # kernels run asynchronously: time them, not their launch
+        return time.perf_counter()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.warmup:
+            self.started = self._now(trainer)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step > self.warmup:
+            self.images += len(batch[1])
+            self.elapsed = self._now(trainer) - self.started
+
+
+def flops_per_image(model: ImageClassifier, image_size: int) -> int:
+    """Forward and backward FLOPs of one image, counted on a weightless (meta-device) copy."""
+    with torch.device("meta"):
+        copy = ImageClassifier(**model.hparams)
+        images = torch.empty(1, 3, image_size, image_size)
+    return measure_flops(copy, lambda: copy(images), lambda logits: logits.sum())
+
+
+def benchmark_train(cli_args: list[str], steps: int, warmup: int) -> None:
+    # No validation, checkpoints, logger or callbacks: only the training steps are timed.
+    quiet = [f"--trainer.max_steps={warmup + steps}", "--trainer.limit_val_batches=0", "--trainer.callbacks=[]",
+             "--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
+             "--trainer.enable_model_summary=false"]  # fmt: skip
+    cli = build([*cli_args, *quiet])
+    timer = StepTimer(warmup)
+    cli.trainer.callbacks.append(timer)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    if timer.elapsed == 0:
+        raise SystemExit(f"Too few training batches for {warmup} warm-up and {steps} timed steps: lower --steps.")
+    trainer, per_process = cli.trainer, timer.images / timer.elapsed
+    if not trainer.is_global_zero:
+        return
+    speed = per_process * trainer.world_size
+    device = trainer.strategy.root_device
+    print(f"Training: {cli.model.hparams.backbone}, {trainer.precision}, {trainer.world_size} x {device.type}")
+    print(f"  {speed:.0f} images/s ({per_process:.0f} per process), {1000 * timer.elapsed / steps:.1f} ms/step")
+    dtypes = {"bf16": torch.bfloat16, "16": torch.float16}
+    dtype = dtypes.get(trainer.precision.split("-")[0], torch.float32)
+    peak = get_available_flops(device, dtype) if device.type == "cuda" else None
+    if peak:
+        used = flops_per_image(cli.model, cli.datamodule.hparams.image_size) * per_process
+        print(f"  MFU {100 * used / peak:.1f} % of {torch.cuda.get_device_name(device)}'s {peak / 1e12:.0f} TFLOP/s")
+    else:
+        print("  MFU: needs an NVIDIA GPU whose peak FLOP/s Lightning knows")
+
+
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} benchmark", description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["data", "train"])
+    parser.add_argument("--batches", type=int, default=30, help="data: batches timed per worker count")
+    parser.add_argument("--steps", type=int, default=30, help="train: steps timed")
+    parser.add_argument("--warmup", type=int, default=5, help="train: steps run before timing")
+    options, cli_args = parser.parse_known_args(args)
+    if options.what == "data":
+        benchmark_data(cli_args, options.batches)
+    else:
+        benchmark_train(cli_args, options.steps, options.warmup)
+    return 0
