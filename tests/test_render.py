@@ -38,6 +38,8 @@ def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
     }
     if logger == "wandb":
         files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py"}
+    if logger == "csv":
+        files.add(f"src/{package}/csv_logging.py")
     if accelerator == "mps":
         files.add("configs/trainer/mps.yaml")
     return files

@@ -1,5 +1,7 @@
 """Resume, preemption and interrupted writes: a run loses at most the work since its last checkpoint."""
-
+{% if cookiecutter.logger == "csv" %}
+import csv
+{%- endif %}
 import json
 import os
 import signal
@@ -147,3 +149,15 @@ def test_checkpoints_are_renamed_into_place_from_the_same_folder(monkeypatch, tm
     ((source, target),) = renames
     assert Path(source).parent == Path(target).parent == tmp_path / "runs"
     assert torch.load(target, weights_only=True) == {"step": 1}
+{%- if cookiecutter.logger == "csv" %}
+
+
+def test_a_resumed_run_appends_to_its_metrics(monkeypatch, in_project_copy, tiny_shapes):
+    # The project's own logger from configs/default.yaml, not the CSVLogger the other tests use.
+    short = [*TRAINER[:4], *data(tiny_shapes), "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    run_cli(monkeypatch, "fit", *short, "--trainer.max_epochs=1")
+    run_cli(monkeypatch, "fit", *short, "--trainer.max_epochs=2", "--ckpt_path=auto")
+    (metrics,) = (in_project_copy / "runs").glob("*/*/metrics.csv")
+    validated = [row["epoch"] for row in csv.DictReader(metrics.open()) if row.get("val/acc")]
+    assert validated == ["0", "1"], "the resumed run must keep the first epoch's metrics"
+{%- endif %}

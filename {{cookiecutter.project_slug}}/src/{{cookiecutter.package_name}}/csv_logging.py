@@ -1,0 +1,32 @@
+"""CSV metrics that survive a resume.
+
+Lightning's CSVLogger deletes metrics.csv when it finds its run folder in use, which is exactly
+what `--ckpt_path auto` does: the resumed run would wipe the metrics of the run so far.
+"""
+
+import csv
+
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+
+class AppendingExperimentWriter(ExperimentWriter):
+    """Append to an existing metrics.csv, keeping its columns, instead of deleting it."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+                self.metrics_keys = next(csv.reader(file), [])
+
+
+class ResumableCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, whose metrics.csv a resumed run appends to."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> AppendingExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = AppendingExperimentWriter(log_dir=self.log_dir)
+        return self._experiment
