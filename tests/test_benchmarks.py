@@ -1,0 +1,30 @@
+"""The benchmark scripts still run against the template as it is (their figures are not checked)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import TEMPLATE
+
+
+def run_benchmark(name: str, *args: str) -> str:
+    command = [sys.executable, str(TEMPLATE / "benchmarks" / f"{name}.py"), *args]
+    result = subprocess.run(command, cwd=TEMPLATE, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_parity_benchmark_compares_the_two_loops_on_the_same_computation():
+    printed = run_benchmark("parity", "--steps=3", "--warmup=1", "--repeats=1", "--precision=32-true")
+    assert re.search(r"lightning / plain \(median ms/step\): \d+\.\d\dx", printed)
+    # Each repetition's row ends with the two loops' last losses, which match when both did the same steps.
+    (row,) = [line.split() for line in printed.splitlines() if re.match(r"\s*0\s+\d", line)]
+    assert row[-1] == row[-2]
+
+
+@pytest.mark.slow
+def test_decode_benchmark_compares_the_two_decoders():
+    printed = run_benchmark("decode", "--images-per-class=4", "--workers", "0", "--repeats=1", "--batch-size=8")
+    assert "torchvision" in printed and "PIL" in printed
