@@ -66,6 +66,10 @@ def problems(answers: dict[str, str]) -> list[str]:
         found.append(f"strategy {strategy} needs NVIDIA GPUs: choose accelerator=gpu, or strategy=auto or ddp.")
     if accelerator == "mps" and (strategy != "auto" or devices not in ("1", "auto")):
         found.append("Apple's mps backend trains on one device: choose devices=1 and strategy=auto.")
+    if precision == "16-mixed" and strategy == "fsdp":
+        found.append(
+            "strategy fsdp (FSDP2) runs in bf16-mixed or 32-true, not 16-mixed: choose one of those, or strategy ddp."
+        )
     if precision == "16-mixed" and accelerator == "cpu":
         found.append("precision 16-mixed (float16 AMP) does not run on CPU: choose bf16-mixed or 32-true.")
     return found

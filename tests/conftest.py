@@ -30,6 +30,8 @@ def is_valid(answers: dict[str, str]) -> bool:
         return False
     if accelerator == "mps" and (strategy != "auto" or answers.get("devices", "1") not in ("1", "auto")):
         return False
+    if answers["precision"] == "16-mixed" and strategy == "fsdp":
+        return False
     return not (answers["precision"] == "16-mixed" and accelerator == "cpu")
 
 

@@ -33,6 +33,7 @@ REFUSED = [
     ({"accelerator": "cpu", "strategy": "deepspeed"}, "strategy deepspeed needs NVIDIA GPUs"),
     ({"accelerator": "mps", "strategy": "fsdp"}, "strategy fsdp needs NVIDIA GPUs"),
     ({"accelerator": "cpu", "precision": "16-mixed"}, "16-mixed (float16 AMP) does not run on CPU"),
+    ({"accelerator": "gpu", "strategy": "fsdp", "precision": "16-mixed"}, "FSDP2) runs in bf16-mixed or 32-true"),
     ({"accelerator": "mps", "devices": "2"}, "mps backend trains on one device"),
 ]
 

@@ -48,6 +48,8 @@ def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
 def chosen_preset(answers: dict[str, str]) -> str:
     """The preset the answers choose; the default config reads it first."""
     strategy, accelerator = answers["strategy"], answers["accelerator"]
+    if accelerator == "mps":  # one device, whatever the devices answer (auto or 1)
+        return "mps"
     if strategy == "fsdp":
         return "fsdp"
     if strategy == "deepspeed":

@@ -5,13 +5,18 @@
 #   Two machines of 8 GPUs: run on each, with the address of the first machine:
 #     NNODES=2 NPROC_PER_NODE=8 RDZV_ENDPOINT=node0.example:29400 scripts/torchrun.sh
 #
-# Arguments go on to `fit`: scripts/torchrun.sh --trainer.max_epochs=50 --ckpt_path auto
+# Arguments go on to `fit`, after the multinode preset (so --config configs/trainer/fsdp.yaml
+# switches the strategy): scripts/torchrun.sh --trainer.max_epochs=50 --ckpt_path auto
 # torchrun's elastic rendezvous assigns the ranks; Lightning reads them from its environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 NNODES="${NNODES:-1}"
 NPROC_PER_NODE="${NPROC_PER_NODE:-gpu}"  # "gpu": one process per visible GPU
+if [[ "$NNODES" != 1 && -z "${RDZV_ENDPOINT:-}" ]]; then
+  echo "NNODES=$NNODES: set RDZV_ENDPOINT=<first machine's address>:29400 on every machine." >&2
+  exit 2
+fi
 RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29400}"
 RDZV_ID="${RDZV_ID:-{{ cookiecutter.project_slug }}}"  # the same on every machine of one job
 JOIN_TIMEOUT="${JOIN_TIMEOUT:-600}"  # seconds to wait for every machine before giving up
@@ -23,5 +28,5 @@ exec "${PYTHON:-python}" -m torch.distributed.run \
   --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
   --rdzv-backend=c10d --rdzv-endpoint="$RDZV_ENDPOINT" --rdzv-id="$RDZV_ID" \
   --rdzv-conf="join_timeout=$JOIN_TIMEOUT" \
-  -m {{ cookiecutter.package_name }} fit --config configs/trainer/multinode.yaml \
-  --trainer.num_nodes="$NNODES" --trainer.devices="$DEVICES" "$@"
+  -m {{ cookiecutter.package_name }} fit --config configs/trainer/multinode.yaml "$@" \
+  --trainer.num_nodes="$NNODES" --trainer.devices="$DEVICES"

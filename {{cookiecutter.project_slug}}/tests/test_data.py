@@ -7,7 +7,15 @@ import pytest
 import torch
 from PIL import Image
 
-from {{ cookiecutter.package_name }}.data import IMAGENET_MEAN, IMAGENET_STD, ImageDataModule, read_rgb, stratified_split
+from {{ cookiecutter.package_name }} import data as data_module
+from {{ cookiecutter.package_name }}.data import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImageDataModule,
+    auto_workers,
+    read_rgb,
+    stratified_split,
+)
 from {{ cookiecutter.package_name }}.shapes import CLASSES
 
 
@@ -78,6 +86,13 @@ def test_worker_settings(tiny_shapes, workers):
 def test_auto_workers_leave_a_core_for_training(tiny_shapes):
     count = ImageDataModule(tiny_shapes).worker_count()
     assert 0 <= count <= 8
+
+
+def test_auto_workers_split_the_machine_unless_the_affinity_is_this_process_share(monkeypatch):
+    monkeypatch.setattr(data_module.os, "cpu_count", lambda: 64)
+    assert auto_workers(64, 8) == 7  # the whole machine: 8 CPUs per device, one of them for training
+    assert auto_workers(8, 8) == 7  # a SLURM task bound to 8 CPUs: all 8 are this process's
+    assert auto_workers(64, 1) == 8 and auto_workers(1, 1) == 0
 
 
 def test_missing_folder_says_how_to_point_at_data(tmp_path):

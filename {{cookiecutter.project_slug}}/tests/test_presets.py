@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.sharding import wrap_blocks
 
 PRESETS = sorted((PROJECT_ROOT / "configs" / "trainer").glob("*.yaml"))
-HARDWARE_KEYS = {"accelerator", "devices", "num_nodes", "strategy", "precision"}
+HARDWARE_KEYS = {"accelerator", "devices", "num_nodes", "strategy", "precision", "sync_batchnorm"}
 
 
 def run_cli(monkeypatch, *args: str) -> None:
@@ -55,6 +55,17 @@ def test_preset_sets_all_the_hardware_and_parses(monkeypatch, capsys, in_project
         assert printed["strategy"]["init_args"].items() >= wanted["strategy"]["init_args"].items()
     else:
         assert printed["strategy"] == wanted["strategy"]
+
+
+def test_presets_of_one_strategy_class_set_the_same_options():
+    # jsonargparse merges the init_args of a strategy class given twice, so an option only one of
+    # them sets would outlive a switch to the other (stage 2 offloading after stage 3's, say).
+    options: dict[str, set[str]] = {}
+    for preset in PRESETS:
+        strategy = trainer_section(preset)["strategy"]
+        if isinstance(strategy, dict):
+            keys = set(strategy.get("init_args", {}))
+            assert options.setdefault(strategy["class_path"], keys) == keys, preset.name
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda path: path.stem)
@@ -103,6 +114,9 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
     with pytest.raises(hardware.HardwareError, match="Tesla V100.*16-mixed"):
         hardware.check_hardware({"accelerator": "gpu", "precision": "bf16-mixed", "strategy": "auto"})
     hardware.check_hardware({"accelerator": "gpu", "precision": "16-mixed", "strategy": "ddp"})
+    fsdp2 = {"class_path": "{{ cookiecutter.package_name }}.sharding.FSDP2Strategy"}
+    with pytest.raises(hardware.HardwareError, match="use --trainer.precision 32-true"):  # FSDP2 has no 16-mixed
+        hardware.check_hardware({"accelerator": "gpu", "precision": "bf16-mixed", "strategy": fsdp2})
 
 
 @pytest.mark.parametrize(

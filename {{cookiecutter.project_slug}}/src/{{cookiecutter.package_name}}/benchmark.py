@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
 
-from .data import ImageDataModule, usable_cpus
+from .data import ImageDataModule, auto_workers, usable_cpus
 from .model import ImageClassifier
 
 TUNED_CONFIG = Path("configs/tuned.yaml")
@@ -52,11 +52,13 @@ def loader_speed(data: ImageDataModule, workers: int, batches: int) -> float:
 
 
 def benchmark_data(cli_args: list[str], batches: int) -> None:
-    data = build(cli_args).datamodule
+    cli = build(cli_args)
+    data, devices = cli.datamodule, cli.trainer.num_devices
     data.prepare_data()
     data.setup("fit")
-    cpus = usable_cpus()
-    print(f"Data loading, batch size {data.batch_size}, {data.hparams.image_size} px, {cpus} usable CPUs")
+    # Each device's process loads its own data: the sweep stays within one process's share of the CPUs.
+    cpus = auto_workers(usable_cpus(), devices) + 1
+    print(f"Data loading, batch size {data.batch_size}, {data.hparams.image_size} px, {cpus} CPUs per device")
     print(f"{'workers':>8}  {'images/s':>9}")
     speeds: dict[int, float] = {}
     best = 0
@@ -69,7 +71,7 @@ def benchmark_data(cli_args: list[str], batches: int) -> None:
             break
     TUNED_CONFIG.parent.mkdir(parents=True, exist_ok=True)
     TUNED_CONFIG.write_text(
-        f"# Written by `python -m {{ cookiecutter.package_name }} benchmark data` on {platform.node()} ({cpus} CPUs), "
+        f"# Written by `python -m {{ cookiecutter.package_name }} benchmark data` on {platform.node()} ({cpus} CPUs per device), "
         f"{date.today()}:\n# the fastest data loading measured there ({speeds[best]:.0f} images/s per device).\n"
         f"data:\n  num_workers: {best}\n"
     )
@@ -78,23 +80,27 @@ def benchmark_data(cli_args: list[str], batches: int) -> None:
 
 
 class StepTimer(L.Callback):
-    """Wall time of the training steps after `warmup` steps (compilation, cuDNN's search, caches)."""
+    """Wall time of the training steps after `warmup` steps (compilation, cuDNN's search, caches).
+    The device is synchronised only where timing starts and ends, so the host queues work ahead."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup, self.images, self.started, self.elapsed = warmup, 0, 0.0, 0.0
 
     def _now(self, trainer: L.Trainer) -> float:
         if trainer.strategy.root_device.type == "cuda":
-            torch.cuda.synchronize()  # kernels run asynchronously: time them, not their launch
+            torch.cuda.synchronize()
         return time.perf_counter()
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.warmup:
+        if trainer.global_step == self.warmup and not self.started:
             self.started = self._now(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if trainer.global_step > self.warmup:
+        if self.started:
             self.images += len(batch[1])
+
+    def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
+        if self.started:
             self.elapsed = self._now(trainer) - self.started
 
 

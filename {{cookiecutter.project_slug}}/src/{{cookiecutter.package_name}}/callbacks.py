@@ -5,6 +5,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DeepSpeedStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -45,6 +46,11 @@ class StopOnNonFiniteLoss(L.Callback):
     def __init__(self, skip_batches: bool = False) -> None:
         self.skip_batches = skip_batches
         self._finite: torch.Tensor | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.skip_batches and isinstance(trainer.strategy, DeepSpeedStrategy):
+            # DeepSpeed has reduced the gradients into its own buffers by then: zeroing ours skips nothing.
+            raise ValueError("skip_batches does not work under DeepSpeed: set it to false to stop at a NaN loss.")
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         self._batch_idx = batch_idx

@@ -18,6 +18,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import normalize, pil_to_tensor, to_dtype
 
 from . import shapes
+from .sharding import shards_weights
 
 # The statistics torchvision's pretrained weights expect; harmless when training from scratch.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -133,11 +134,13 @@ class ImageDataModule(L.LightningDataModule):
         return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
 
     def _evaluation_sampler(self, dataset: Dataset) -> Sampler | None:
-        """Each image once across processes. Lightning's DistributedSampler would pad the shards to
-        equal length with repeated images, which then count twice in the metrics; shards that differ
-        by one image are safe here, as evaluation has no gradients to synchronise."""
+        """Under DDP, each image once across processes. Lightning's DistributedSampler pads the
+        shards to equal length with repeated images, which then count twice in the metrics. Shards
+        a batch apart are safe under DDP, whose evaluation forward needs no other process; sharded
+        strategies (FSDP, DeepSpeed) gather weights in every forward, so every process must run the
+        same number of batches there, and Lightning's padding stays."""
         shards = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
-        if not shards or shards["num_replicas"] == 1:
+        if not shards or shards["num_replicas"] == 1 or shards_weights(self.trainer.strategy):
             return None
         return UnrepeatedDistributedSampler(dataset, shuffle=False, **shards)
 
@@ -215,9 +218,11 @@ def usable_cpus() -> int:
 
 
 def auto_workers(cpus: int, devices: int) -> int:
-    """What num_workers "auto" means: one core per device stays with the training process, and
-    more than 8 workers rarely pays."""
-    return max(0, min(8, cpus // devices - 1))
+    """What num_workers "auto" means: one core of this process's share stays with training, and
+    more than 8 workers rarely pays. An affinity narrower than the machine (a SLURM task bound to
+    its CPUs, taskset) is this process's share already; otherwise the devices split the CPUs."""
+    share = cpus if cpus < (os.cpu_count() or cpus) else cpus // devices
+    return max(0, min(8, share - 1))
 
 
 class UnreadableImageError(ValueError):

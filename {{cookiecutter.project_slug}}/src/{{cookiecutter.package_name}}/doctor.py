@@ -174,7 +174,7 @@ def data_checks(facts: dict, data: dict, devices: int) -> list[Check]:
             Check(
                 "warn",
                 f"{workers} workers x {devices} devices exceed the {cpus} CPUs",
-                f"set data.num_workers to {max(0, cpus // devices - 1)} or auto",
+                f"set data.num_workers to {auto_workers(cpus, devices)} or auto",
             )
         )
     else:

@@ -38,7 +38,8 @@ def check_hardware(trainer: dict) -> None:
     on_cuda = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not on_cuda and not torch.backends.mps.is_available())
 
-    engine = CUDA_ONLY.get(strategy_class_name(trainer.get("strategy", "auto")))
+    strategy = strategy_class_name(trainer.get("strategy", "auto"))
+    engine = CUDA_ONLY.get(strategy)
     if engine and not on_cuda:
         where = "no CUDA GPU is visible" if accelerator in ("gpu", "cuda", "auto") else f"accelerator is {accelerator}"
         raise HardwareError(
@@ -47,9 +48,11 @@ def check_hardware(trainer: dict) -> None:
         )
     if precision.startswith("bf16") and on_cuda and not torch.cuda.is_bf16_supported(including_emulation=False):
         gpu = torch.cuda.get_device_name()
+        # FSDP2 (ModelParallelStrategy) has no float16 loss scaling, so no 16-mixed.
+        fallback = "32-true" if strategy == "FSDP2Strategy" else "16-mixed"
         raise HardwareError(
             f"precision {precision} needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere), and this "
-            f"is a {gpu}: use --trainer.precision 16-mixed."
+            f"is a {gpu}: use --trainer.precision {fallback}."
         )
     if precision.startswith("16") and on_cpu:
         raise HardwareError(

@@ -10,14 +10,13 @@ from typing import Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from .backbone import build_backbone
-from .sharding import fully_shard_blocks
+from .sharding import fully_shard_blocks, shards_weights, share_buffers
 
 
 class ImageClassifier(L.LightningModule):
@@ -72,7 +71,8 @@ class ImageClassifier(L.LightningModule):
         self.test_metrics = _classification_metrics(num_classes, "test/")
         # Weighted by batch size and summed across processes: the mean over every image, however
         # the images are spread over processes and batches.
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        # (No NaN check: it would read each batch's loss back from the device.)
+        self.val_loss, self.test_loss = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
         self._compiled = False
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -129,17 +129,13 @@ class ImageClassifier(L.LightningModule):
     def _takes_channels_last(self) -> bool:
         # Sharding engines (FSDP, DeepSpeed) need contiguous parameters; a ViT's one patch-embedding
         # convolution gains nothing from the layout.
-        sharded = isinstance(self.trainer.strategy, (FSDPStrategy, DeepSpeedStrategy))
         convolutions = sum(isinstance(module, torch.nn.Conv2d) for module in self.backbone.modules())
-        return not sharded and convolutions > 1
+        return not shards_weights(self.trainer.strategy) and convolutions > 1
 
     def on_validation_epoch_start(self) -> None:
-        # FSDP2 leaves BatchNorm statistics to each process, which then drift apart; take rank 0's,
-        # as DDP does, so that every process validates (and checkpoints) the same model.
-        if self.device_mesh is not None:
-            group = self.device_mesh["data_parallel"].get_group()
-            for buffer in self.backbone.buffers():
-                torch.distributed.broadcast(buffer, group=group, group_src=0)
+        # Sharding engines leave BatchNorm statistics to each process: validate one model, rank 0's.
+        if self.trainer.world_size > 1 and shards_weights(self.trainer.strategy):
+            share_buffers(self.backbone)
 
     def configure_optimizers(self) -> dict:
         # Biases and norm scales (the 1-D parameters) only fight the normalisation when decayed.

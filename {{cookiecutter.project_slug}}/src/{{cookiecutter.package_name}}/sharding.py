@@ -8,8 +8,9 @@ list: FSDP2 (configs/trainer/fsdp.yaml) in ImageClassifier.configure_model, FSDP
 
 from datetime import timedelta
 
+import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
 from torch import nn
 
 # The repeated block classes of torchvision's classification models. A backbone with none of them
@@ -38,6 +39,18 @@ BLOCK_CLASS_NAMES = frozenset(
         "InceptionE",
     }
 )
+
+
+def shards_weights(strategy: Strategy) -> bool:
+    """Whether `strategy` splits the parameters across processes rather than copying them whole."""
+    return isinstance(strategy, (FSDPStrategy, ModelParallelStrategy, DeepSpeedStrategy))
+
+
+def share_buffers(module: nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm statistics) on every process. Sharding engines leave each
+    process its own, which drift apart; DDP does the same from rank 0 at every forward."""
+    for buffer in module.buffers():
+        torch.distributed.broadcast(buffer, src=0)
 
 
 def is_block(module: nn.Module) -> bool:
@@ -100,3 +113,8 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def lightning_module_state_dict(self) -> dict:
+        # Each process saves part of the replicated buffers: make them one model's, rank 0's.
+        share_buffers(self.lightning_module)
+        return super().lightning_module_state_dict()
