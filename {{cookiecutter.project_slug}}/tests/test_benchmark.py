@@ -41,6 +41,7 @@ def test_train_benchmark_reports_images_per_second(monkeypatch, capsys, in_proje
     printed = capsys.readouterr().out
     assert "Training: resnet18, 32-true, 1 x cpu" in printed and " images/s (" in printed
     assert not (in_project_copy / "runs").exists(), "a benchmark writes no run"
+    assert not (in_project_copy / "config.yaml").exists()
 
 
 def test_flops_are_counted_for_forward_and_backward():

@@ -33,7 +33,10 @@ def build(cli_args: list[str]):
     configs = [arg for path in DEFAULT_CONFIGS if path.is_file() for arg in ("--config", str(path))]
     with warnings.catch_warnings():  # the options are in sys.argv too, behind `benchmark data|train`
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        return ClassifierCLI(ImageClassifier, ImageDataModule, run=False, args=[*configs, *cli_args])
+        # No config.yaml: a benchmark is not a run to reproduce.
+        return ClassifierCLI(
+            ImageClassifier, ImageDataModule, save_config_callback=None, run=False, args=[*configs, *cli_args]
+        )
 
 
 def loader_speed(data: ImageDataModule, workers: int, batches: int) -> float:
