@@ -130,8 +130,15 @@ def test_fresh_uv_environment_passes_the_smoke_test(tmp_path):
 
 def test_gitignore_keeps_data_runs_checkpoints_logs_and_secrets_out(tmp_path):
     project = render(tmp_path)
-    ignored = ["data/shapes/train/circle/0001.png", "runs/p/version_0/checkpoints/last.ckpt", "model.ckpt",
-               "wandb/offline-run-1/run-1.wandb", "lightning_logs/version_0/hparams.yaml", "slurm-42.out", ".env"]  # fmt: skip
+    ignored = [
+        "data/shapes/train/circle/0001.png",
+        "runs/p/version_0/checkpoints/last.ckpt",
+        "model.ckpt",
+        "wandb/offline-run-1/run-1.wandb",
+        "lightning_logs/version_0/hparams.yaml",
+        "slurm-42.out",
+        ".env",
+    ]
     kept = ["src/image_classifier/model.py", "configs/trainer/ddp.yaml", "scripts/slurm.sbatch", "README.md"]
     checked = subprocess.run(["git", "check-ignore", *ignored, *kept], cwd=project, capture_output=True, text=True)
     assert checked.stdout.split() == ignored

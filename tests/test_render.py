@@ -18,10 +18,39 @@ MATRIX = answer_matrix()
 
 
 PRESETS = ["auto", "cpu", "gpu", "ddp", "fsdp", "fsdp1", "deepspeed_stage2", "deepspeed_stage3_offload", "multinode"]
-MODULES = ["__init__", "__main__", "backbone", "benchmark", "callbacks", "checkpoint_io", "cli", "consolidate", "data", "doctor",
-           "hardware", "model", "resume", "shapes", "sharding"]  # fmt: skip
-TESTS = ["conftest", "helper_callbacks", "test_benchmark", "test_cli", "test_data", "test_distributed", "test_doctor", "test_model",
-         "test_presets", "test_reproducibility", "test_resume", "test_safeguards", "test_shapes", "test_sharding"]  # fmt: skip
+MODULES = [
+    "__init__",
+    "__main__",
+    "backbone",
+    "benchmark",
+    "callbacks",
+    "checkpoint_io",
+    "cli",
+    "consolidate",
+    "data",
+    "doctor",
+    "hardware",
+    "model",
+    "resume",
+    "shapes",
+    "sharding",
+]
+TESTS = [
+    "conftest",
+    "helper_callbacks",
+    "test_benchmark",
+    "test_cli",
+    "test_data",
+    "test_distributed",
+    "test_doctor",
+    "test_model",
+    "test_presets",
+    "test_reproducibility",
+    "test_resume",
+    "test_safeguards",
+    "test_shapes",
+    "test_sharding",
+]
 
 
 def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
@@ -94,9 +123,10 @@ def test_render(tmp_path, answers):
     config = yaml.safe_load((project / "configs/default.yaml").read_text())
     trainer = config["trainer"]
     preset = chosen_preset(answers)
-    assert f'Path("configs/trainer/{preset}.yaml"), Path("configs/default.yaml")' in (
-        project / "src" / package / "cli.py"
-    ).read_text()
+    assert (
+        f'Path("configs/trainer/{preset}.yaml"), Path("configs/default.yaml")'
+        in (project / "src" / package / "cli.py").read_text()
+    )
     hardware = yaml.safe_load((project / f"configs/trainer/{preset}.yaml").read_text())["trainer"]
     devices = answers["devices"]
     assert hardware["accelerator"] == answers["accelerator"]
@@ -106,7 +136,8 @@ def test_render(tmp_path, answers):
     if answers["strategy"] == "auto" and devices != "1":
         strategy["auto"] = "DDPStrategy"  # several devices: data parallel
     given = hardware["strategy"]
-    assert (given["class_path"].rsplit(".", 1)[-1] if isinstance(given, dict) else given) == strategy[answers["strategy"]]
+    given = given["class_path"].rsplit(".", 1)[-1] if isinstance(given, dict) else given
+    assert given == strategy[answers["strategy"]]
     for executable in ("scripts/torchrun.sh", "scripts/slurm.sbatch"):
         assert os.access(project / executable, os.X_OK), f"{executable} lost its executable bit"
     logger_class = {"wandb": "WandbLogger", "tensorboard": "TensorBoardLogger", "csv": "CSVLogger"}
