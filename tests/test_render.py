@@ -12,7 +12,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 import pytest
 import yaml
-from conftest import answer_matrix, render
+from conftest import TEMPLATE, answer_matrix, render
 
 MATRIX = answer_matrix()
 
@@ -197,3 +197,14 @@ def test_configs_load_for_other_loggers(tmp_path, logger):
     project = render(tmp_path, logger=logger, backbone="mobilenet_v3_small")
     for config in sorted(readme_configs(project)):
         assert print_config(project, config)["model"]["backbone"] == "mobilenet_v3_small"
+
+
+def test_the_templates_own_code_is_lint_clean():
+    for command in (["check"], ["format", "--check"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--no-cache", "tests", "benchmarks"],
+            cwd=TEMPLATE,
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
