@@ -1,0 +1,49 @@
+"""The generated project's tooling: its CI workflow, pre-commit hooks and Makefile."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from conftest import render
+
+# The test environment's tools (ruff, pre-commit) stand in for the project's own .venv.
+TOOLS = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_workflow_keeps_its_github_expressions_and_the_answers(tmp_path):
+    project = render(tmp_path, python_version="3.12")
+    workflow = yaml.safe_load((project / ".github/workflows/tests.yml").read_text())
+    job = workflow["jobs"]["test"]
+    assert job["strategy"]["matrix"]["python-version"] == ["3.12"]
+    assert job["steps"][1]["with"]["python-version"] == "${{ matrix.python-version }}"
+    assert workflow["concurrency"]["group"] == "${{ github.workflow }}-${{ github.ref }}"
+    assert any(step.get("run") == "uv run pytest" for step in job["steps"])
+
+
+def pre_commit(project: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pre_commit", "run", "--all-files"]
+    return subprocess.run(command, cwd=project, env=os.environ | TOOLS, capture_output=True, text=True, timeout=300)
+
+
+def test_pre_commit_hooks_pass_on_the_project_and_fix_a_bad_file(tmp_path):
+    project = render(tmp_path)
+    assert (project / ".git").is_dir()
+    clean = pre_commit(project)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+
+    bad = project / "src" / "image_classifier" / "scratch.py"
+    bad.write_text("import os\nx=[1,\n2]\n")
+    subprocess.run(["git", "add", str(bad)], cwd=project, check=True)
+    fixed = pre_commit(project)
+    assert fixed.returncode != 0, "the hooks should have changed the file"
+    assert bad.read_text() == "x = [1, 2]\n"
+
+
+def test_make_lint_and_test_run_the_projects_commands(tmp_path):
+    project = render(tmp_path)
+    printed = subprocess.run(["make", "-n", "test", "fit"], cwd=project, capture_output=True, text=True)
+    assert printed.stdout.split("\n")[:2] == [".venv/bin/python -m pytest", ".venv/bin/python -m image_classifier fit"]
+    lint = subprocess.run(["make", "lint", f"PYTHON={sys.executable}"], cwd=project, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
