@@ -1,0 +1,106 @@
+"""`python -m {{ cookiecutter.package_name }} classify IMAGES...`: the top classes of images, as a CSV file.
+
+IMAGES are image files or folders (searched recursively). The model comes from --checkpoint, by
+default the best checkpoint of the newest run under runs/. Runs on the CPU unless --device says
+otherwise. Unreadable images are skipped with a warning naming them.
+"""
+
+import argparse
+import csv
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from .data import UnreadableImageError, build_eval_transform, normalize_images, read_rgb
+from .model import ImageClassifier
+
+
+def best_checkpoint(runs: Path) -> Path:
+    """The best-scoring checkpoint (epochNNN-accX.XXXX.ckpt) of the newest run, else its last.ckpt."""
+    lasts = sorted(runs.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
+    if not lasts:
+        raise FileNotFoundError(f"No checkpoint under {runs}: train a model first, or pass --checkpoint.")
+    folder = lasts[-1].parent
+    scored = sorted(folder.glob("epoch*-acc*.ckpt"), key=lambda path: float(path.stem.rsplit("-acc", 1)[1]))
+    return scored[-1] if scored else lasts[-1]
+
+
+def image_files(inputs: list[Path]) -> list[Path]:
+    found = []
+    for given in inputs:
+        if given.is_dir():
+            found += sorted(
+                path
+                for path in given.rglob("*")
+                if path.suffix.lower() in IMG_EXTENSIONS and not any(part.startswith(".") for part in path.parts)
+            )
+        elif given.is_file():
+            found.append(given)
+        else:
+            raise FileNotFoundError(f"{given} is neither an image file nor a folder.")
+    return found
+
+
+def image_size(checkpoint: Path) -> int:
+    """The side the model was trained at, from the data options saved in the checkpoint."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return int(saved.get("datamodule_hyper_parameters", {}).get("image_size", {{ cookiecutter.image_size }}))
+
+
+def classify(model: ImageClassifier, paths: list[Path], side: int, batch_size: int, top_k: int):
+    """Yield (path, [(class name, probability), ...]) for each readable image, best class first."""
+    transform = build_eval_transform(side)
+    names = model.hparams.class_names or [str(index) for index in range(model.hparams.num_classes)]
+    device = next(model.parameters()).device
+    for start in range(0, len(paths), batch_size):
+        batch, readable = [], []
+        for path in paths[start : start + batch_size]:
+            try:
+                batch.append(transform(read_rgb(str(path))))
+                readable.append(path)
+            except (RuntimeError, OSError, ValueError, UnreadableImageError) as error:
+                warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
+        if not batch:
+            continue
+        with torch.inference_mode():
+            probabilities = model(normalize_images(torch.stack(batch).to(device))).float().softmax(-1)
+        top = probabilities.topk(min(top_k, probabilities.shape[1]), dim=-1)
+        for path, values, indices in zip(readable, top.values.tolist(), top.indices.tolist(), strict=True):
+            yield path, [(names[index], value) for index, value in zip(indices, values, strict=True)]
+
+
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} classify", description=__doc__.splitlines()[0])
+    parser.add_argument("images", type=Path, nargs="+", help="image files or folders")
+    parser.add_argument("--checkpoint", type=Path, help="a checkpoint file (default: the newest run's best)")
+    parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")
+    parser.add_argument("--output", type=Path, default=Path("predictions.csv"), help="the CSV file to write")
+    parser.add_argument("--top-k", type=int, default=3, help="classes per image")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
+    options = parser.parse_args(args)
+
+    try:
+        checkpoint = options.checkpoint or best_checkpoint(options.runs)
+        paths = image_files(options.images)
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    if checkpoint.is_dir():
+        parser.error(f"{checkpoint} is a sharded checkpoint: make it one file with `consolidate` first.")
+    model = ImageClassifier.load_from_checkpoint(checkpoint, map_location=options.device, weights_only=True).eval()
+    rows = classify(model, paths, image_size(checkpoint), options.batch_size, options.top_k)
+
+    written = 0
+    with options.output.open("w", newline="") as file:
+        writer = csv.writer(file)
+        ranks = range(1, options.top_k + 1)
+        writer.writerow(["path", *(column for k in ranks for column in (f"class_{k}", f"probability_{k}"))])
+        for path, top in rows:
+            writer.writerow([str(path), *(item for name, value in top for item in (name, f"{value:.6f}"))])
+            written += 1
+    print(f"Classified {written} of {len(paths)} images with {checkpoint}: {options.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,58 @@
+"""`classify`: a CSV of the top classes of image files and folders, from the best checkpoint."""
+
+import csv
+import shutil
+import sys
+
+import pytest
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.shapes import CLASSES
+
+ON_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
+
+
+def run_cli(monkeypatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
+    main()
+
+
+@pytest.fixture
+def trained(monkeypatch, in_project_copy, tiny_shapes):
+    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
+    run_cli(monkeypatch, "fit", *ON_CPU, *data, "--trainer.max_epochs=1", "--trainer.limit_val_batches=1")
+    return in_project_copy
+
+
+def classify(monkeypatch, *args: str) -> list[dict]:
+    with pytest.raises(SystemExit) as done:
+        run_cli(monkeypatch, "classify", *args, "--output=predictions.csv", "--top-k=3")
+    assert done.value.code == 0
+    return list(csv.DictReader(open("predictions.csv")))
+
+
+def test_a_folder_and_a_single_image_get_their_top_classes(monkeypatch, trained, tiny_shapes, tmp_path):
+    folder = tmp_path / "unsorted"
+    shutil.copytree(tiny_shapes / "test", folder)
+    (folder / "broken.png").write_bytes(b"not an image")
+    single = next((tiny_shapes / "val" / CLASSES[0]).glob("*.png"))
+    with pytest.warns(UserWarning, match="broken.png"):
+        rows = classify(monkeypatch, str(folder), str(single))
+    assert len(rows) == len(list((tiny_shapes / "test").rglob("*.png"))) + 1
+    assert rows[-1]["path"] == str(single)
+    for row in rows:
+        top = [float(row[f"probability_{k}"]) for k in (1, 2, 3)]
+        assert top == sorted(top, reverse=True) and 0 < sum(top) <= 1 + 1e-5
+        assert {row[f"class_{k}"] for k in (1, 2, 3)} <= set(CLASSES)
+
+
+def test_the_default_checkpoint_is_the_newest_runs_best(monkeypatch, trained, tiny_shapes):
+    (best,) = trained.glob("runs/*/*/checkpoints/epoch*-acc*.ckpt")
+    image = next((tiny_shapes / "test").rglob("*.png"))
+    assert classify(monkeypatch, str(image)) == classify(monkeypatch, str(image), f"--checkpoint={best}")
+
+
+def test_without_a_checkpoint_it_says_to_train_first(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, "classify", str(tiny_shapes / "test"))
+    assert "train a model first, or pass --checkpoint" in capsys.readouterr().err
