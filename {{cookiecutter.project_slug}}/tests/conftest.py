@@ -1,5 +1,6 @@
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 import wandb
 {%- endif %}
 
+from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.shapes import draw_shapes_dataset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -39,3 +41,15 @@ def in_project_copy(tmp_path, monkeypatch) -> Path:
     shutil.copytree(PROJECT_ROOT / "configs", tmp_path / "configs")
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture
+def trained(monkeypatch, in_project_copy, tiny_shapes) -> Path:
+    """A project copy with one short run on the tiny dataset, its checkpoints under runs/."""
+    args = ["fit", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
+            "--trainer.precision=32-true", "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
+            f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0",
+            "--data.batch_size=8"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
+    main()
+    return in_project_copy

@@ -9,19 +9,10 @@ import pytest
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.shapes import CLASSES
 
-ON_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
-
 
 def run_cli(monkeypatch, *args: str) -> None:
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
     main()
-
-
-@pytest.fixture
-def trained(monkeypatch, in_project_copy, tiny_shapes):
-    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
-    run_cli(monkeypatch, "fit", *ON_CPU, *data, "--trainer.max_epochs=1", "--trainer.limit_val_batches=1")
-    return in_project_copy
 
 
 def classify(monkeypatch, *args: str) -> list[dict]:

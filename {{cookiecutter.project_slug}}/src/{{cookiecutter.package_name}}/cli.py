@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import benchmark, classify, consolidate, doctor
+from . import benchmark, classify, consolidate, doctor, export
 from .data import ImageDataModule
 from .hardware import HardwareError, check_hardware
 from .model import ImageClassifier
@@ -95,6 +95,8 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(benchmark.main(command[1:]))
     if command[:1] == ["classify"]:
         sys.exit(classify.main(command[1:]))
+    if command[:1] == ["export"]:
+        sys.exit(export.main(command[1:]))
     defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())

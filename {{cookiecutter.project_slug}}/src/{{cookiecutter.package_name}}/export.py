@@ -1,0 +1,99 @@
+"""`python -m {{ cookiecutter.package_name }} export CHECKPOINT --format onnx|pt2`: a model to serve without this project.
+
+The exported model takes a batch of uint8 RGB images, N x 3 x S x S (S: the training image size,
+printed), and returns class probabilities; normalisation is inside. `pt2` is a torch.export
+program (torch.export.load); `onnx` needs `pip install onnx onnxscript` (the `export` extra).
+Both are checked against the PyTorch model on real images, and the largest difference printed;
+ONNX through onnxruntime when it is installed.
+"""
+
+import argparse
+from importlib.util import find_spec
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .classify import image_files, image_size
+from .data import build_eval_transform, normalize_images, read_rgb
+from .model import ImageClassifier
+
+# Exported and PyTorch probabilities may differ by float rounding, never by more than this.
+TOLERANCE = 1e-4
+
+
+class ServedClassifier(nn.Module):
+    """uint8 images in, class probabilities out: what a server or an app calls."""
+
+    def __init__(self, model: ImageClassifier) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(normalize_images(images)).softmax(-1)
+
+
+def sample_images(sources: list[Path], side: int, count: int = 8) -> torch.Tensor:
+    """Up to `count` real images, resized and cropped as for evaluation, as one uint8 batch."""
+    paths = image_files(sources)[:count]
+    if not paths:
+        raise FileNotFoundError(f"no images in {', '.join(map(str, sources))}")
+    transform = build_eval_transform(side)
+    return torch.stack([transform(read_rgb(str(path))) for path in paths])
+
+
+def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Path) -> torch.Tensor:
+    """Write the exported model to `output` and return its probabilities for `images`."""
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    if form == "pt2":
+        program = torch.export.export(served, (images,), dynamic_shapes={"images": {0: batch}})
+        torch.export.save(program, output)
+        return torch.export.load(output).module()(images)
+    torch.onnx.export(
+        served, (images,), output, dynamo=True, input_names=["images"], output_names=["probabilities"],
+        dynamic_shapes={"images": {0: batch}},
+    )  # fmt: skip
+    if find_spec("onnxruntime") is None:
+        return None
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(output), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+
+
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} export", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="a single-file checkpoint")
+    parser.add_argument("--format", choices=["onnx", "pt2"], default="onnx")
+    parser.add_argument("--output", type=Path, help="default: the checkpoint's name with .onnx or .pt2")
+    parser.add_argument("--images", type=Path, nargs="+", help="images to check the export on (default: the data)")
+    options = parser.parse_args(args)
+    if options.format == "onnx" and (find_spec("onnx") is None or find_spec("onnxscript") is None):
+        parser.error('ONNX export needs the onnx and onnxscript packages: pip install -e ".[export]"')
+    if not options.checkpoint.is_file():
+        parser.error(f"{options.checkpoint} is not a checkpoint file (a sharded folder needs `consolidate` first).")
+
+    model = ImageClassifier.load_from_checkpoint(options.checkpoint, map_location="cpu", weights_only=True).eval()
+    saved = torch.load(options.checkpoint, map_location="cpu", weights_only=True)
+    data_dir = Path(saved.get("datamodule_hyper_parameters", {}).get("data_dir", "data"))
+    sources = options.images or [data_dir]
+    side = image_size(options.checkpoint)
+    try:
+        images = sample_images(sources, side)
+    except FileNotFoundError as error:
+        parser.error(f"Nothing to check the export on ({error}): pass --images.")
+    served = ServedClassifier(model).eval()
+    output = options.output or options.checkpoint.with_suffix(f".{options.format}")
+    with torch.no_grad():
+        expected = served(images)
+        exported = export(served, images, options.format, output)
+    print(f"Wrote {output}: uint8 images N x 3 x {side} x {side} in, {expected.shape[1]} class probabilities out.")
+    if exported is None:
+        print("Not run: onnxruntime is not installed (pip install onnxruntime), so no comparison was made.")
+        return 0
+    difference = (exported - expected).abs().max().item()
+    print(f"Largest difference from PyTorch on {len(images)} real images: {difference:.2e}")
+    if difference > TOLERANCE:
+        print(f"That exceeds {TOLERANCE:g}: do not serve this export.")
+        return 1
+    return 0

@@ -1,0 +1,47 @@
+"""`export`: ONNX and torch.export programs that give the PyTorch model's probabilities on real images."""
+
+import sys
+
+import onnxruntime
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.export import ServedClassifier, sample_images
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+
+
+def export(monkeypatch, capsys, *args: str) -> str:
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "export", *args])
+    with pytest.raises(SystemExit) as done:
+        main()
+    printed = capsys.readouterr()
+    assert done.value.code == 0, printed.err
+    return printed.out
+
+
+@pytest.mark.parametrize("form", ["onnx", "pt2"])
+def test_the_export_matches_pytorch_on_real_images(monkeypatch, capsys, trained, tiny_shapes, form):
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    printed = export(monkeypatch, capsys, str(checkpoint), f"--format={form}", f"--images={tiny_shapes / 'test'}")
+    assert "uint8 images N x 3 x {{ cookiecutter.image_size }} x {{ cookiecutter.image_size }} in, 6 class probabilities out" in printed
+    difference = float(printed.split("Largest difference from PyTorch on 8 real images: ")[1].split()[0])
+    assert difference < 1e-4
+
+    # Outside this project: another batch size, and the model's probabilities.
+    images = sample_images([tiny_shapes / "val"], side={{ cookiecutter.image_size }}, count=3)
+    expected = ServedClassifier(ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu").eval())(images)
+    exported = checkpoint.with_suffix(f".{form}")
+    if form == "onnx":
+        session = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+        probabilities = torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+    else:
+        probabilities = torch.export.load(exported).module()(images)
+    assert probabilities.shape == (3, 6) and torch.allclose(probabilities, expected, atol=1e-4)
+
+
+def test_a_folder_checkpoint_is_sent_to_consolidate(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "export", str(tmp_path), "--format=pt2"])
+    with pytest.raises(SystemExit):
+        main()
+    assert "consolidate" in capsys.readouterr().err
