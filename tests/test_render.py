@@ -36,6 +36,7 @@ MODULES = [
     "resume",
     "shapes",
     "sharding",
+    "tune",
 ]
 TESTS = [
     "conftest",
@@ -54,6 +55,7 @@ TESTS = [
     "test_safeguards",
     "test_shapes",
     "test_sharding",
+    "test_tune",
 ]
 
 

@@ -8,11 +8,8 @@ Options after the command are the usual CLI options (--config, --data.batch_size
 """
 
 import argparse
-import platform
 import time
 import warnings
-from datetime import date
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -20,8 +17,8 @@ from lightning.fabric.utilities.throughput import get_available_flops, measure_f
 
 from .data import ImageDataModule, auto_workers, usable_cpus
 from .model import ImageClassifier
+from .tune import TUNED_CONFIG, update_tuned_config
 
-TUNED_CONFIG = Path("configs/tuned.yaml")
 # More workers count as faster only past this margin: timing noise must not add idle processes.
 BETTER_BY = 1.05
 
@@ -72,12 +69,7 @@ def benchmark_data(cli_args: list[str], batches: int) -> None:
             best = workers
         elif workers >= 2:  # more workers stopped paying (one can lose to none where two win)
             break
-    TUNED_CONFIG.parent.mkdir(parents=True, exist_ok=True)
-    TUNED_CONFIG.write_text(
-        f"# Written by `python -m {{ cookiecutter.package_name }} benchmark data` on {platform.node()} ({cpus} CPUs per device), "
-        f"{date.today()}:\n# the fastest data loading measured there ({speeds[best]:.0f} images/s per device).\n"
-        f"data:\n  num_workers: {best}\n"
-    )
+    update_tuned_config("data", "num_workers", best, f"benchmark data, {speeds[best]:.0f} images/s per device")
     print(f"Best: num_workers {best} ({speeds[best]:.0f} images/s). Written to {TUNED_CONFIG}:")
     print(f"  python -m {{ cookiecutter.package_name }} fit --config {TUNED_CONFIG}")
 

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import benchmark, classify, consolidate, doctor, export
+from . import benchmark, classify, consolidate, doctor, export, tune
 from .data import ImageDataModule
 from .hardware import HardwareError, check_hardware
 from .model import ImageClassifier
@@ -28,6 +28,14 @@ from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 # preset chosen when the project was generated, then the recipe; --config files given on the
 # command line come after both and win (--config configs/trainer/fsdp.yaml switches the hardware).
 DEFAULT_CONFIGS = [Path("configs/trainer/{{ cookiecutter.__trainer_preset }}.yaml"), Path("configs/default.yaml")]
+# This project's commands beside LightningCLI's fit, validate, test and predict (and doctor).
+TOOLS = {
+    "benchmark": benchmark.main,
+    "classify": classify.main,
+    "consolidate": consolidate.main,
+    "export": export.main,
+    "tune": tune.main,
+}
 
 
 class SuggestingParser(LightningArgumentParser):
@@ -89,14 +97,8 @@ def main(args: list[str] | None = None) -> None:
     command = sys.argv[1:] if args is None else args
     if command[:1] == ["doctor"]:
         sys.exit(doctor.main(command[1:], DEFAULT_CONFIGS))
-    if command[:1] == ["consolidate"]:
-        sys.exit(consolidate.main(command[1:]))
-    if command[:1] == ["benchmark"]:
-        sys.exit(benchmark.main(command[1:]))
-    if command[:1] == ["classify"]:
-        sys.exit(classify.main(command[1:]))
-    if command[:1] == ["export"]:
-        sys.exit(export.main(command[1:]))
+    if command[:1] and command[0] in TOOLS:
+        sys.exit(TOOLS[command[0]](command[1:]))
     defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())
