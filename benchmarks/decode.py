@@ -23,7 +23,6 @@ import inspect
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,21 +32,9 @@ import PIL
 import torch
 import torchvision
 from PIL import Image
+from rendered import render_project
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2.functional import pil_to_tensor
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def render_project(out: Path) -> Path:
-    """The template rendered into `out`; returns the project's src folder."""
-    cookiecutter = Path(sys.executable).with_name("cookiecutter")
-    subprocess.run(
-        [cookiecutter, "--no-input", ROOT, "-o", out, "setup_env=none", "smoke_test=no", "logger=csv"],
-        check=True,
-        capture_output=True,
-    )
-    return out / "image-classifier" / "src"
 
 
 def pil_rgb(path: str) -> torch.Tensor:

@@ -26,7 +26,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,19 +35,7 @@ from types import SimpleNamespace
 import lightning as L
 import torch
 import torch.nn.functional as F
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def render_project(out: Path) -> Path:
-    """The template rendered into `out`; returns the project's src folder."""
-    cookiecutter = Path(sys.executable).with_name("cookiecutter")
-    subprocess.run(
-        [cookiecutter, "--no-input", ROOT, "-o", out, "setup_env=none", "smoke_test=no", "logger=csv"],
-        check=True,
-        capture_output=True,
-    )
-    return out / "image-classifier" / "src"
+from rendered import render_project
 
 
 class Project:

@@ -12,6 +12,8 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.shapes import draw_shapes_dataset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# The tests run on CPU whatever hardware the project was generated for.
+ON_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
 
 # Tests never talk to a W&B server, whatever the machine's login.
 os.environ["WANDB_MODE"] = "offline"
@@ -53,3 +55,11 @@ def trained(monkeypatch, in_project_copy, tiny_shapes) -> Path:
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
     main()
     return in_project_copy
+
+
+def run_command(monkeypatch, *args: str) -> None:
+    """Run one of the project's own commands (benchmark, tune, ...), which exit with their status."""
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0

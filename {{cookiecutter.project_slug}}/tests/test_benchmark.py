@@ -1,22 +1,10 @@
 """`benchmark data` and `benchmark train` measure, print, and leave a config the CLI can use."""
 
-import sys
-
-import pytest
 import yaml
+from conftest import ON_CPU, run_command
 
 from {{ cookiecutter.package_name }}.benchmark import flops_per_image
-from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.model import ImageClassifier
-
-ON_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
-
-
-def run_cli(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
-    with pytest.raises(SystemExit) as done:
-        main()
-    assert done.value.code == 0
 
 
 def on_data(data_dir) -> list[str]:
@@ -24,19 +12,19 @@ def on_data(data_dir) -> list[str]:
 
 
 def test_data_benchmark_writes_the_fastest_worker_count(monkeypatch, capsys, in_project_copy, tiny_shapes):
-    run_cli(monkeypatch, "benchmark", "data", "--batches=3", *ON_CPU, *on_data(tiny_shapes))
+    run_command(monkeypatch, "benchmark", "data", "--batches=3", *ON_CPU, *on_data(tiny_shapes))
     printed = capsys.readouterr().out
     measured = [line.split() for line in printed.splitlines() if line.strip()[:1].isdigit()]
     assert [int(workers) for workers, _ in measured][:2] == [0, 1] and all(float(speed) > 0 for _, speed in measured)
     tuned = yaml.safe_load((in_project_copy / "configs" / "tuned.yaml").read_text())
     assert tuned["data"]["num_workers"] in {int(workers) for workers, _ in measured}
 
-    run_cli(monkeypatch, "fit", "--config=configs/tuned.yaml", "--print_config")
+    run_command(monkeypatch, "fit", "--config=configs/tuned.yaml", "--print_config")
     assert yaml.safe_load(capsys.readouterr().out)["data"]["num_workers"] == tuned["data"]["num_workers"]
 
 
 def test_train_benchmark_reports_images_per_second(monkeypatch, capsys, in_project_copy, tiny_shapes):
-    run_cli(monkeypatch, "benchmark", "train", "--steps=2", "--warmup=1", *ON_CPU, *on_data(tiny_shapes),
+    run_command(monkeypatch, "benchmark", "train", "--steps=2", "--warmup=1", *ON_CPU, *on_data(tiny_shapes),
             "--data.num_workers=0")  # fmt: skip
     printed = capsys.readouterr().out
     assert "Training: resnet18, 32-true, 1 x cpu" in printed and " images/s (" in printed

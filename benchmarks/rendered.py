@@ -1,0 +1,18 @@
+"""The template rendered into a folder, for the benchmarks to import the project from."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def render_project(out: Path) -> Path:
+    """The template rendered into `out`; returns the project's src folder."""
+    cookiecutter = Path(sys.executable).with_name("cookiecutter")
+    subprocess.run(
+        [cookiecutter, "--no-input", ROOT, "-o", out, "setup_env=none", "smoke_test=no", "logger=csv"],
+        check=True,
+        capture_output=True,
+    )
+    return out / "image-classifier" / "src"
