@@ -152,7 +152,7 @@ def make_environment() -> str | None:
 
 MISSING_MODULES = (
     "import importlib.util as u;"
-    "print(' '.join(m for m in ('torch', 'torchvision', 'lightning', 'torchmetrics', 'jsonargparse', 'rich', 'yaml')"
+    "print(' '.join(m for m in ('torch', 'torchvision', 'lightning', 'torchmetrics', 'jsonargparse', 'rich', 'yaml', 'matplotlib')"
     " if u.find_spec(m) is None))"
 )
 

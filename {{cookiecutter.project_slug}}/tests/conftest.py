@@ -50,6 +50,7 @@ def trained(monkeypatch, in_project_copy, tiny_shapes) -> Path:
     """A project copy with one short run on the tiny dataset, its checkpoints under runs/."""
     args = ["fit", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",
             "--trainer.precision=32-true", "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
+            "--trainer.log_every_n_steps=1",
             f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0",
             "--data.batch_size=8"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
@@ -57,9 +58,9 @@ def trained(monkeypatch, in_project_copy, tiny_shapes) -> Path:
     return in_project_copy
 
 
-def run_command(monkeypatch, *args: str) -> None:
-    """Run one of the project's own commands (benchmark, tune, ...), which exit with their status."""
+def run_command(monkeypatch, *args: str, status: int = 0) -> None:
+    """Run one of the project's own commands (benchmark, tune, ...), which exit with `status`."""
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
     with pytest.raises(SystemExit) as done:
         main()
-    assert done.value.code == 0
+    assert done.value.code == status

@@ -1,9 +1,13 @@
+import csv
 import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+{%- if cookiecutter.logger == "tensorboard" %}
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+{%- endif %}
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.model import ImageClassifier
@@ -51,6 +55,19 @@ def test_short_fit_writes_a_run_folder_that_reloads(monkeypatch, in_project_copy
     assert model.hparams.class_names == list(CLASSES)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, len(CLASSES))
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["ImageDataModule"]["class_names"] == list(CLASSES)
+
+    # The pictures of the last validation: a confusion matrix and each class's accuracy.
+    reports = run / "reports"
+    assert (reports / "confusion_matrix_val.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.DictReader((reports / "per_class_accuracy_val.csv").open()))
+    assert [row["class"] for row in rows] == list(CLASSES)
+    assert sum(int(row["images"]) for row in rows) == 16  # two validation batches of 8
+{%- if cookiecutter.logger == "tensorboard" %}
+    (events,) = run.glob("events.out.tfevents.*")
+    assert "val/confusion_matrix" in EventAccumulator(str(events)).Reload().Tags()["images"]
+{%- elif cookiecutter.logger == "wandb" %}
+    assert list(in_project_copy.glob("runs/wandb/offline-run-*/files/media/images/val/confusion_matrix_*.png"))
+{%- endif %}
 
 
 def test_last_checkpoint_follows_the_latest_epoch_even_without_improvement(monkeypatch, in_project_copy, tiny_shapes):

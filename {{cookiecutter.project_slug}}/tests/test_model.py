@@ -9,6 +9,7 @@ import torchvision
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier, warmup_cosine
+from {{ cookiecutter.package_name }}.reports import per_class_accuracy
 
 
 @pytest.mark.parametrize("backbone", ["resnet18", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1"])
@@ -194,3 +195,9 @@ def test_the_training_step_never_waits_for_the_device(tiny_shapes):
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     trainer.fit(model, ImageDataModule(tiny_shapes, num_workers=0, batch_size=8))
     assert trainer.global_step == 3
+
+
+def test_per_class_accuracy_is_each_class_recall():
+    matrix = torch.tensor([[3, 1, 0], [0, 2, 0], [0, 0, 0]])
+    first, second, absent = per_class_accuracy(matrix)
+    assert (first, second) == (0.75, 1.0) and math.isnan(absent)

@@ -54,7 +54,7 @@ def image_size(checkpoint: Path) -> int:
 def classify(model: ImageClassifier, paths: list[Path], side: int, batch_size: int, top_k: int):
     """Yield (path, [(class name, probability), ...]) for each readable image, best class first."""
     transform = build_eval_transform(side)
-    names = model.hparams.class_names or [str(index) for index in range(model.hparams.num_classes)]
+    names = model.label_names()
     device = next(model.parameters()).device
     for start in range(0, len(paths), batch_size):
         batch, readable = [], []

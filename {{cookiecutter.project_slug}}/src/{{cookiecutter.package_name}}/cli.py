@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import benchmark, classify, consolidate, doctor, export, tune
+from . import benchmark, classify, consolidate, curves, doctor, export, tune
 from .data import ImageDataModule
 from .hardware import HardwareError, check_hardware
 from .model import ImageClassifier
@@ -34,6 +34,7 @@ TOOLS = {
     "classify": classify.main,
     "consolidate": consolidate.main,
     "export": export.main,
+    "report": curves.main,
     "tune": tune.main,
 }
 

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
 from .backbone import build_backbone
+from .reports import write_report
 from .sharding import fully_shard_blocks, shards_weights, share_buffers
 
 
@@ -73,6 +74,9 @@ class ImageClassifier(L.LightningModule):
         # the images are spread over processes and batches.
         # (No NaN check: it would read each batch's loss back from the device.)
         self.val_loss, self.test_loss = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
+        # For the confusion-matrix picture and per-class accuracy written after each evaluation.
+        self.val_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
+        self.test_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self._compiled = False
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -89,16 +93,32 @@ class ImageClassifier(L.LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.val_metrics, self.val_loss, "val")
+        self._evaluate(batch, self.val_metrics, self.val_loss, self.val_confusion, "val")
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, self.test_metrics, self.test_loss, "test")
+        self._evaluate(batch, self.test_metrics, self.test_loss, self.test_confusion, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        write_report(self.trainer, self.val_confusion, self.label_names(), "val")
+
+    def on_test_epoch_end(self) -> None:
+        write_report(self.trainer, self.test_confusion, self.label_names(), "test")
+
+    def label_names(self) -> list[str]:
+        """The class names, or the class indices as text when the model has no names."""
+        return self.hparams.class_names or [str(index) for index in range(self.hparams.num_classes)]
 
     def _evaluate(
-        self, batch: tuple[torch.Tensor, torch.Tensor], metrics: MetricCollection, mean_loss: MeanMetric, stage: str
+        self,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        metrics: MetricCollection,
+        mean_loss: MeanMetric,
+        confusion: MulticlassConfusionMatrix,
+        stage: str,
     ) -> None:
         images, labels = batch
         logits = self(images)
+        confusion.update(logits, labels)
         # Plain cross-entropy, so evaluation losses compare across label-smoothing settings.
         mean_loss.update(F.cross_entropy(logits, labels), weight=len(labels))
         metrics.update(logits, labels)

@@ -1,0 +1,87 @@
+"""`python -m {{ cookiecutter.package_name }} report [RUN]`: a run's logged metrics as PNG curves.
+
+RUN is a run folder (default: the newest under runs/) holding the metrics of a CSV logger
+(metrics.csv) or of a TensorBoard logger (event files). The curves (loss, accuracy, learning rate)
+go to RUN/reports/curves.png. Weights & Biases draws them in its app (`wandb sync` offline runs).
+"""
+
+import argparse
+import csv
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: training machines have no display
+import matplotlib.pyplot as plt  # noqa: E402  (once the backend is chosen)
+
+PANELS = {
+    "loss": ("train/loss_step", "train/loss_epoch", "val/loss"),
+    "accuracy": ("train/acc", "val/acc"),
+    "learning rate": ("lr-",),  # LearningRateMonitor's names start with it
+}
+
+
+def newest_run(runs: Path) -> Path:
+    logged = [*runs.glob("**/metrics.csv"), *runs.glob("**/events.out.tfevents.*")]
+    if not logged:
+        raise FileNotFoundError(
+            f"No metrics.csv or TensorBoard events under {runs}: train with a CSV or TensorBoard logger."
+        )
+    return max(logged, key=os.path.getmtime).parent
+
+
+def read_series(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each logged metric as (step, value) pairs."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    if (run / "metrics.csv").is_file():
+        with (run / "metrics.csv").open(newline="") as file:
+            for row in csv.DictReader(file):
+                for name, value in row.items():
+                    if name not in ("step", "epoch") and value:
+                        series.setdefault(name, []).append((int(row["step"]), float(value)))
+        return series
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for events in sorted(run.glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events)).Reload()
+        for name in accumulator.Tags()["scalars"]:
+            series.setdefault(name, []).extend((event.step, event.value) for event in accumulator.Scalars(name))
+    return series
+
+
+def plot_curves(series: dict[str, list[tuple[int, float]]], output: Path) -> list[str]:
+    """Draw the panels that have data; return the metrics drawn."""
+    drawn_panels = {
+        title: [name for name in sorted(series) if name.startswith(prefixes)] for title, prefixes in PANELS.items()
+    }
+    drawn_panels = {title: names for title, names in drawn_panels.items() if names}
+    if not drawn_panels:
+        raise ValueError(f"None of the metrics {', '.join(sorted(series)) or '(none)'} is a loss, accuracy or rate.")
+    figure, axes = plt.subplots(1, len(drawn_panels), figsize=(5 * len(drawn_panels), 4), squeeze=False)
+    for axis, (title, names) in zip(axes[0], drawn_panels.items(), strict=True):
+        for name in names:
+            steps, values = zip(*sorted(series[name]), strict=True)
+            axis.plot(steps, values, label=name, marker="o" if len(steps) < 30 else None)
+        axis.set(title=title, xlabel="step")
+        axis.legend()
+    figure.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
+    return [name for names in drawn_panels.values() for name in names]
+
+
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} report", description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, nargs="?", help="a run folder (default: the newest under runs/)")
+    parser.add_argument("--runs", type=Path, default=Path("runs"))
+    options = parser.parse_args(args)
+    try:
+        run = options.run or newest_run(options.runs)
+        output = run / "reports" / "curves.png"
+        drawn = plot_curves(read_series(run), output)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
+    print(f"Wrote {output}: {', '.join(drawn)}")
+    return 0
