@@ -27,7 +27,7 @@ def test_train_benchmark_reports_images_per_second(monkeypatch, capsys, in_proje
     run_command(monkeypatch, "benchmark", "train", "--steps=2", "--warmup=1", *ON_CPU, *on_data(tiny_shapes),
             "--data.num_workers=0")  # fmt: skip
     printed = capsys.readouterr().out
-    assert "Training: resnet18, 32-true, 1 x cpu" in printed and " images/s (" in printed
+    assert "Training: {{ cookiecutter.backbone }}, 32-true, 1 x cpu" in printed and " images/s (" in printed
     assert not (in_project_copy / "runs").exists(), "a benchmark writes no run"
     assert not (in_project_copy / "config.yaml").exists()
 
