@@ -10,10 +10,7 @@ import csv
 import os
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: training machines have no display
-import matplotlib.pyplot as plt  # noqa: E402  (once the backend is chosen)
+import matplotlib.pyplot as plt
 
 PANELS = {
     "loss": ("train/loss_step", "train/loss_epoch", "val/loss"),

@@ -7,13 +7,10 @@ import csv
 from pathlib import Path
 
 import lightning as L
-import matplotlib
+import matplotlib.pyplot as plt
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torchmetrics.classification import MulticlassConfusionMatrix
-
-matplotlib.use("Agg")  # files only: training machines have no display
-import matplotlib.pyplot as plt  # noqa: E402  (once the backend is chosen)
 
 
 def report_folder(trainer: L.Trainer) -> Path:
