@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from {{ cookiecutter.package_name }}.classify import image_files
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.shapes import CLASSES
 
@@ -47,3 +48,12 @@ def test_without_a_checkpoint_it_says_to_train_first(monkeypatch, capsys, in_pro
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, "classify", str(tiny_shapes / "test"))
     assert "train a model first, or pass --checkpoint" in capsys.readouterr().err
+
+
+def test_images_in_a_folder_under_a_hidden_one_are_found(tiny_shapes, tmp_path):
+    # Only hidden names inside the folder given are skipped, not those of the folders above it.
+    photos = tmp_path / ".cache" / "photos"
+    shutil.copytree(tiny_shapes / "test", photos)
+    (photos / ".ipynb_checkpoints").mkdir()
+    shutil.copy(next(photos.rglob("*.png")), photos / ".ipynb_checkpoints" / "copy.png")
+    assert image_files([photos]) == sorted(photos.rglob("[!.]*/*.png"))

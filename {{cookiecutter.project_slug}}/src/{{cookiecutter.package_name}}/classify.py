@@ -13,9 +13,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from .data import UnreadableImageError, build_eval_transform, normalize_images, read_rgb
+from .data import UnreadableImageError, build_eval_transform, image_files_under, normalize_images, read_rgb
 from .model import ImageClassifier
 
 
@@ -32,12 +31,8 @@ def best_checkpoint(runs: Path) -> Path:
 def image_files(inputs: list[Path]) -> list[Path]:
     found = []
     for given in inputs:
-        if given.is_dir():
-            found += sorted(
-                path
-                for path in given.rglob("*")
-                if path.suffix.lower() in IMG_EXTENSIONS and not any(part.startswith(".") for part in path.parts)
-            )
+        if given.is_dir():  # the same walk as the training data's: hidden files and folders skipped
+            found += sorted(Path(path) for path in image_files_under(given))
         elif given.is_file():
             found.append(given)
         else:
@@ -45,10 +40,16 @@ def image_files(inputs: list[Path]) -> list[Path]:
     return found
 
 
-def image_size(checkpoint: Path) -> int:
-    """The side the model was trained at, from the data options saved in the checkpoint."""
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    return int(saved.get("datamodule_hyper_parameters", {}).get("image_size", {{ cookiecutter.image_size }}))
+def data_options(checkpoint: Path) -> dict:
+    """The data module's options saved in the checkpoint (image size, data folder). Memory-mapped:
+    the weights, loaded already by load_from_checkpoint, are not read again."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    return saved.get("datamodule_hyper_parameters", {})
+
+
+def image_size(options: dict) -> int:
+    """The side the model was trained at."""
+    return int(options.get("image_size", {{ cookiecutter.image_size }}))
 
 
 def classify(model: ImageClassifier, paths: list[Path], side: int, batch_size: int, top_k: int):
@@ -92,7 +93,7 @@ def main(args: list[str]) -> int:
     if checkpoint.is_dir():
         parser.error(f"{checkpoint} is a sharded checkpoint: make it one file with `consolidate` first.")
     model = ImageClassifier.load_from_checkpoint(checkpoint, map_location=options.device, weights_only=True).eval()
-    rows = classify(model, paths, image_size(checkpoint), options.batch_size, options.top_k)
+    rows = classify(model, paths, image_size(data_options(checkpoint)), options.batch_size, options.top_k)
 
     written = 0
     with options.output.open("w", newline="") as file:

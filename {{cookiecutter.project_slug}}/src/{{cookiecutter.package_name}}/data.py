@@ -321,7 +321,7 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     samples, empty = [], []
     for label, name in enumerate(classes):
         class_dir = folder / name
-        paths = sorted(_image_files(class_dir))
+        paths = sorted(image_files_under(class_dir))
         if class_dir.is_dir() and not paths:
             empty.append(name)
         samples += [(path, label) for path in paths]
@@ -333,12 +333,12 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     return samples
 
 
-def _image_files(class_dir: Path) -> list[str]:
-    """Image files under a class folder, skipping hidden files and folders (.ipynb_checkpoints,
-    macOS ._ files). A linked class folder or image counts; a linked sub-folder does not, as a link
-    to a parent would label the other classes' images with this class."""
+def image_files_under(folder: Path) -> list[str]:
+    """Image files under a folder, skipping hidden files and folders (.ipynb_checkpoints, macOS ._
+    files). The folder itself or an image may be a link; a linked sub-folder is not followed, as a
+    link to a parent would label the other classes' images with this class."""
     found = []
-    for root, dirs, files in os.walk(class_dir):
+    for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         found += [os.path.join(root, f) for f in files if not f.startswith(".") and f.lower().endswith(IMG_EXTENSIONS)]
     return found

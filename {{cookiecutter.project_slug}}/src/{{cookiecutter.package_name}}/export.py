@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .classify import image_files, image_size
+from .classify import data_options, image_files, image_size
 from .data import build_eval_transform, normalize_images, read_rgb
 from .model import ImageClassifier
 
@@ -74,10 +74,10 @@ def main(args: list[str]) -> int:
         parser.error(f"{options.checkpoint} is not a checkpoint file (a sharded folder needs `consolidate` first).")
 
     model = ImageClassifier.load_from_checkpoint(options.checkpoint, map_location="cpu", weights_only=True).eval()
-    saved = torch.load(options.checkpoint, map_location="cpu", weights_only=True)
-    data_dir = Path(saved.get("datamodule_hyper_parameters", {}).get("data_dir", "data"))
+    saved = data_options(options.checkpoint)
+    data_dir = Path(saved.get("data_dir", "data"))
     sources = options.images or [data_dir]
-    side = image_size(options.checkpoint)
+    side = image_size(saved)
     try:
         images = sample_images(sources, side)
     except FileNotFoundError as error:
