@@ -32,6 +32,8 @@ ANSWERS = {
     "smoke_test": {{ cookiecutter.smoke_test | tojson }},
 }
 PACKAGE = ANSWERS["package_name"]
+# cruft sets _commit; plain cookiecutter does not.
+RENDERED_BY_CRUFT = {{ "True" if cookiecutter._commit is defined else "False" }}
 # "1" runs the environment and smoke-test steps even in CI, without a terminal or in a temporary
 # folder; "0" never runs them.
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
@@ -60,7 +62,8 @@ def main() -> None:
     skipped = skip_reason()
     if skipped:
         say(f"No environment or smoke test: {skipped}. Set {FORCE}=1 to run them anyway.")
-        print_next_steps(None)
+        if not in_temporary_folder():
+            print_next_steps(None)
         return
     LOG.parent.mkdir(parents=True, exist_ok=True)
     LOG.write_text("")
@@ -111,6 +114,12 @@ def start_git() -> None:
         return
     subprocess.run(["git", "init", "-q"], check=True)
     subprocess.run(["git", "add", "-A"], check=True)
+    if RENDERED_BY_CRUFT:
+        # cruft writes .cruft.json after this hook, and `cruft update` refuses a repository with
+        # uncommitted files: the first commit must wait for it.
+        say("git: a repository with the files staged. Once cruft has written .cruft.json, commit it with them:")
+        say("  git add .cruft.json && git commit -m 'New project from lightning-template'")
+        return
     commit = subprocess.run(["git", "commit", "-q", "-m", "New project from lightning-template"], capture_output=True)
     if commit.returncode == 0:
         say("git: a repository with a first commit of the generated files.")

@@ -64,6 +64,7 @@ TESTS = [
 
 def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
     files = {
+        ".cookiecutter.json",
         ".gitignore",
         ".pre-commit-config.yaml",
         ".github/workflows/tests.yml",

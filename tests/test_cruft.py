@@ -1,0 +1,101 @@
+"""Template updates with cruft: create, check, update, and linking a project made by cookiecutter."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TEMPLATE, render
+
+CRUFT = str(Path(sys.executable).parent / "cruft")
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "Test",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "Test",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
+}
+# As a person runs it: no CI variable, no forced setup; stdin is not a terminal in any case.
+ENV = {k: v for k, v in os.environ.items() if k not in ("CI", "LIGHTNING_TEMPLATE_SETUP")} | GIT_IDENTITY
+
+
+def run(*command: str, cwd: Path, status: int = 0) -> str:
+    result = subprocess.run(
+        command, cwd=cwd, env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == status, f"{command}: {result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def commit_all(repo: Path, message: str) -> None:
+    run("git", "add", "-A", cwd=repo)
+    run("git", "commit", "-q", "-m", message, cwd=repo)
+
+
+@pytest.fixture
+def template_repo(tmp_path) -> Path:
+    """This template's files, tracked and new, as the first commit of a repository cruft can clone."""
+    listed = run("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=TEMPLATE)
+    repo = tmp_path / "template"
+    for name in filter(None, listed.split("\0")):
+        if (TEMPLATE / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(TEMPLATE / name, repo / name)
+    run("git", "init", "-q", cwd=repo)
+    commit_all(repo, "template")
+    return repo
+
+
+def test_update_brings_template_changes_and_keeps_the_users_work(tmp_path, template_repo):
+    answers = {"logger": "csv", "setup_env": "uv", "smoke_test": "yes"}
+    created = run(CRUFT, "create", "--no-input", str(template_repo), "--output-dir", str(tmp_path),
+                  "--extra-context", json.dumps(answers), cwd=tmp_path)  # fmt: skip
+    project = tmp_path / "image-classifier"
+    assert "git add .cruft.json && git commit" in created
+    staged = run("git", "status", "--porcelain", cwd=project).splitlines()
+    assert "?? .cruft.json" in staged and "A  pyproject.toml" in staged
+    run("git", "add", ".cruft.json", cwd=project)
+    run("git", "commit", "-q", "-m", "New project", cwd=project)
+    run(CRUFT, "check", cwd=project)
+
+    # The template raises the epochs; the user, meanwhile, changed the batch size in the same file.
+    template_config = template_repo / "{{cookiecutter.project_slug}}" / "configs" / "default.yaml"
+    template_config.write_text(template_config.read_text().replace("max_epochs: 20", "max_epochs: 30", 1))
+    (template_repo / "{{cookiecutter.project_slug}}" / "NOTICE.md").write_text("A file new in the template.\n")
+    commit_all(template_repo, "More epochs; a notice")
+    project_config = project / "configs" / "default.yaml"
+    project_config.write_text(project_config.read_text().replace("  batch_size: 64", "  batch_size: 32", 1))
+    commit_all(project, "Smaller batches")
+    assert "out of date" in run(CRUFT, "check", cwd=project, status=1)
+
+    updated = run(CRUFT, "update", "--skip-apply-ask", cwd=project)
+    assert "rendered into a temporary folder" in updated and "Next:" not in updated
+    config = project_config.read_text()
+    assert "max_epochs: 30" in config and "  batch_size: 32" in config
+    assert (project / "NOTICE.md").read_text() == "A file new in the template.\n"
+    assert not (project / ".venv").exists() and not (project / "runs").exists(), "an update ran the setup"
+    head = run("git", "rev-parse", "HEAD", cwd=template_repo).strip()
+    assert json.loads((project / ".cruft.json").read_text())["commit"] == head
+    commit_all(project, "Template update")
+    run(CRUFT, "check", cwd=project)
+
+
+def test_a_cookiecutter_project_keeps_its_answers_and_links_to_cruft(tmp_path, template_repo):
+    answers = {"project_name": "Défect Spotter 2", "logger": "tensorboard", "strategy": "ddp", "precision": "32-true"}
+    project = render(tmp_path, **answers)
+    kept = json.loads((project / ".cookiecutter.json").read_text())
+    assert {key: kept[key] for key in answers} == answers
+    assert not any(key.startswith("_") for key in kept), "private variables are not answers"
+
+    link = [
+        CRUFT,
+        "link",
+        str(template_repo),
+        "--no-input",
+        "--extra-context",
+        (project / ".cookiecutter.json").read_text(),
+    ]
+    run(*link, cwd=project)
+    run(CRUFT, "diff", "--exit-code", cwd=project)  # the template, rendered with the kept answers, is this project
