@@ -24,9 +24,10 @@ os.environ["WANDB_MODE"] = "offline"
 
 @pytest.fixture(autouse=True)
 def finish_wandb_run():
-    # One process is one W&B run; tests that train twice in a process must end the first run.
+    # One process is one W&B run; tests that train twice in a process must end the first run. The
+    # W&B service goes too: it resolves the relative runs/ of later runs against its own folder.
     yield
-    wandb.finish()
+    wandb.teardown()
 {%- endif %}
 
 

@@ -1,9 +1,12 @@
+import hashlib
 import logging
 import os
 import sys
 
 import pytest
+import torch
 import wandb
+from conftest import ON_CPU
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.wandb_logging import go_offline_unless_reachable
@@ -66,3 +69,40 @@ def test_runs_with_another_logger_still_save_their_config(monkeypatch, in_projec
     main()
     (config,) = (in_project_copy / "runs").rglob("config.yaml")
     assert (config.parent / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_log_model_keeps_the_best_checkpoint_for_wandb_sync(monkeypatch, in_project_copy, tiny_shapes, tmp_path):
+    # Offline, W&B copies each logged file into its data folder, from which `wandb sync` uploads it.
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
+    two_epochs = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
+    argv = ["fit", *ON_CPU, *two_epochs, *data, "--trainer.logger.log_model=true"]
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *argv])
+    main()
+    wandb.finish()
+
+    (checkpoints,) = (in_project_copy / "runs" / "{{ cookiecutter.project_slug }}").glob("*/checkpoints")
+    (best,) = checkpoints.glob("epoch*.ckpt")
+    staged = [path for path in (tmp_path / "wandb-data" / "artifacts" / "staging").iterdir() if path.is_file()]
+    assert [digest(path) for path in staged] == [digest(best)], "the best checkpoint alone, not last.ckpt"
+    run_id = checkpoints.parent.name
+    (record,) = (in_project_copy / "runs" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+    assert f"model-{run_id}".encode() in record.read_bytes()
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_log_model_says_that_sharded_checkpoints_are_not_uploaded(monkeypatch, in_project_copy, tiny_shapes, tmp_path):
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
+    fsdp2_on_one_cpu = ["--config=configs/trainer/fsdp.yaml", *ON_CPU[:2], "--trainer.precision=32-true"]
+    one_batch = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
+    argv = ["fit", *fsdp2_on_one_cpu, *one_batch, *data, "--trainer.logger.log_model=true"]
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *argv])
+    try:
+        with pytest.warns(UserWarning, match="FSDP2Strategy writes folders of shards: none will be uploaded"):
+            main()
+    finally:  # the one-process group FSDP2 made would outlive the test
+        torch.distributed.destroy_process_group()

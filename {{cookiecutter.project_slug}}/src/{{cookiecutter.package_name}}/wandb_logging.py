@@ -6,9 +6,12 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from .sharding import shards_weights
 
 
 def go_offline_unless_reachable() -> None:
@@ -52,8 +55,21 @@ def _reachable(host: str, timeout: float = 3.0) -> bool:
         return False
 
 
+class BestModelWandbLogger(WandbLogger):
+    """Lightning's WandbLogger, whose log_model uploads the checkpoints that monitor a metric only.
+
+    The last.ckpt callback monitors nothing, so Lightning would count its file as that callback's
+    best and move the artifact's "best" alias onto it.
+    """
+
+    def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:
+        if checkpoint_callback.monitor is not None:
+            super().after_save_checkpoint(checkpoint_callback)
+
+
 class SaveConfigToRun(SaveConfigCallback):
-    """With W&B, save the resolved config as config.yaml in the run's folder and in the W&B run.
+    """With W&B, save the resolved config as config.yaml in the run's folder and in the W&B run,
+    and say when log_model cannot upload the strategy's checkpoints.
 
     LightningCLI's default writes it to trainer.log_dir, which for W&B is the folder all runs
     share, so the second run would find the first one's file; other loggers keep the default.
@@ -64,6 +80,12 @@ class SaveConfigToRun(SaveConfigCallback):
         if not isinstance(logger, WandbLogger):
             super().setup(trainer, pl_module, stage)
             return
+        if logger._log_model and shards_weights(trainer.strategy) and not self.already_saved:
+            rank_zero_warn(
+                f"W&B log_model={logger._log_model} uploads checkpoint files, and {type(trainer.strategy).__name__} "
+                "writes folders of shards: none will be uploaded. Consolidate one into a file "
+                "(python -m {{ cookiecutter.package_name }} consolidate) and upload it with `wandb artifact put`."
+            )
         if trainer.is_global_zero and not self.already_saved:
             run_dir = Path(logger.save_dir) / str(logger.name) / str(logger.version)
             run_dir.mkdir(parents=True, exist_ok=True)
