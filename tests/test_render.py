@@ -65,9 +65,11 @@ TESTS = [
 def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
     files = {
         ".cookiecutter.json",
+        ".dockerignore",
         ".gitignore",
         ".pre-commit-config.yaml",
         ".github/workflows/tests.yml",
+        "Dockerfile",
         "Makefile",
         "README.md",
         "pyproject.toml",

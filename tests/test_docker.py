@@ -1,0 +1,97 @@
+"""The generated project's Dockerfile, read as Docker reads it, and its install step run here.
+
+No Docker engine runs on the test machines: the static checks hold the file to what Docker needs
+(an official PyTorch CUDA image new enough for the project, sources that exist and are not ignored),
+and the slow test does what the image's steps do, in a Python that has torch as the image has.
+"""
+
+import fnmatch
+import os
+import re
+import shutil
+import site
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+from conftest import render
+
+
+def instructions(project: Path) -> list[tuple[str, str]]:
+    """(instruction, arguments) pairs, comments dropped and continued lines joined, as Docker reads them."""
+    lines = [line for line in (project / "Dockerfile").read_text().splitlines() if not line.lstrip().startswith("#")]
+    logical = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    return [tuple(line.strip().split(maxsplit=1)) for line in logical.splitlines() if line.strip()]
+
+
+def ignored(project: Path, path: str) -> bool:
+    patterns = [line.strip() for line in (project / ".dockerignore").read_text().splitlines()]
+    patterns = [pattern.rstrip("/") for pattern in patterns if pattern and not pattern.startswith("#")]
+    return any(fnmatch.fnmatch(path, pattern) or path.startswith(f"{pattern}/") for pattern in patterns)
+
+
+def copies(steps: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
+    """(sources, destination) of each COPY."""
+    return [(arguments.split()[:-1], arguments.split()[-1]) for kind, arguments in steps if kind == "COPY"]
+
+
+@pytest.mark.parametrize("python_version", ["3.11", "3.13"])
+def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_path, python_version):
+    project = render(tmp_path, python_version=python_version)
+    steps = instructions(project)
+    base = dict(arguments.split("=", 1) for kind, arguments in steps if kind == "ARG")["BASE_IMAGE"]
+    image = re.fullmatch(r"pytorch/pytorch:(\d+)\.(\d+)\.\d+-cuda\d+\.\d+-cudnn\d+-runtime", base)
+    assert image, f"{base} is not one of PyTorch's official CUDA runtime images"
+    assert steps[1] == ("FROM", "${BASE_IMAGE}")
+    assert base in (project / "README.md").read_text(), "the README names another image"
+    needed = re.search(r'"torch>=(\d+)\.(\d+)', (project / "pyproject.toml").read_text())
+    assert tuple(map(int, image.groups())) >= tuple(map(int, needed.groups())), "the image's torch is too old"
+
+    for sources, _ in copies(steps):
+        for source in sources:
+            assert (project / source).exists(), f"COPY {source}: no such file in the project"
+            assert not ignored(project, source), f"COPY {source}: .dockerignore leaves it out of the build"
+    for heavy in (".venv", "data", "runs", ".git", "runs/x/checkpoints/last.ckpt"):
+        assert ignored(project, heavy), f"{heavy} would be sent to the Docker build"
+
+    assert ("ENTRYPOINT", '["python", "-m", "image_classifier"]') in steps
+    assert ("CMD", '["doctor"]') in steps
+    installs = [arguments for kind, arguments in steps if kind == "RUN" and "install ." in arguments]
+    if python_version == "3.11":  # the image's Python and torch
+        assert installs == ["--mount=type=cache,target=/root/.cache/pip pip install ."]
+        assert not any("venv" in arguments for _, arguments in steps)
+    else:  # newer than the image's Python: uv brings one
+        assert any("uv venv --python 3.13 /opt/venv" in arguments for kind, arguments in steps if kind == "RUN")
+        assert installs == ["--mount=type=cache,target=/root/.cache/uv uv pip install ."]
+
+
+@pytest.mark.slow
+def test_the_images_install_step_gives_a_cli_that_trains(tmp_path):
+    project = render(tmp_path / "render")
+    app = tmp_path / "app"  # the image's /app
+    for sources, destination in copies(instructions(project)):
+        for source in sources:
+            target = app / destination / (Path(source).name if destination.endswith("/") else "")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            copy = shutil.copytree if (project / source).is_dir() else shutil.copy2
+            copy(project / source, target)
+    # The image's Python with its torch: a venv that sees the test environment's packages.
+    image_python = tmp_path / "image-python"
+    venv.create(image_python, with_pip=True)
+    python = str(image_python / "bin" / "python")
+    purelib = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    (Path(purelib.decode().strip()) / "image.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "WANDB_MODE": "offline"}
+
+    def run(*command: str) -> str:
+        result = subprocess.run(command, cwd=app, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, f"{command}: {result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        return result.stdout
+
+    # The Dockerfile's `pip install .`; without build isolation, which would download hatchling.
+    run(python, "-m", "pip", "install", "--no-build-isolation", ".")
+    assert "site-packages" in run(python, "-c", "import image_classifier; print(image_classifier.__file__)")
+    assert "accelerator" in run(python, "-m", "image_classifier", "doctor")  # the image's default command
+    on_cpu = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32-true"]
+    run(python, "-m", "image_classifier", "fit", "--trainer.fast_dev_run=true", *on_cpu, "--data.num_workers=0")
