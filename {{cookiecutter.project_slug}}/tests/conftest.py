@@ -24,10 +24,9 @@ os.environ["WANDB_MODE"] = "offline"
 
 @pytest.fixture(autouse=True)
 def finish_wandb_run():
-    # One process is one W&B run; tests that train twice in a process must end the first run. The
-    # W&B service goes too: it resolves the relative runs/ of later runs against its own folder.
+    # One process is one W&B run; tests that train twice in a process must end the first run.
     yield
-    wandb.teardown()
+    wandb.finish()
 {%- endif %}
 
 

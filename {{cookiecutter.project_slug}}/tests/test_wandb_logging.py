@@ -76,7 +76,9 @@ def test_log_model_keeps_the_best_checkpoint_for_wandb_sync(monkeypatch, in_proj
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
     two_epochs = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
     data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
-    argv = ["fit", *ON_CPU, *two_epochs, *data, "--trainer.logger.log_model=true"]
+    # An absolute runs/: the W&B service, started by an earlier test, resolves paths from its own folder.
+    logger = [f"--trainer.logger.save_dir={in_project_copy / 'runs'}", "--trainer.logger.log_model=true"]
+    argv = ["fit", *ON_CPU, *two_epochs, *data, *logger]
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *argv])
     main()
     wandb.finish()
