@@ -32,10 +32,10 @@ ANSWERS = {
     "smoke_test": {{ cookiecutter.smoke_test | tojson }},
 }
 PACKAGE = ANSWERS["package_name"]
-# cruft sets _commit; plain cookiecutter does not.
-RENDERED_BY_CRUFT = {{ "True" if cookiecutter._commit is defined else "False" }}
-# "1" runs the environment and smoke-test steps even in CI, without a terminal or in a temporary
-# folder; "0" never runs them.
+# cruft sets _commit and not _output_dir; cookiecutter sets _output_dir and not _commit.
+RENDERED_BY_CRUFT = {{ "True" if cookiecutter._commit is defined and cookiecutter._output_dir is not defined else "False" }}
+# "1" runs the environment and smoke-test steps even in CI or without a terminal; "0" never runs
+# them. A template update's temporary render never runs them.
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
 LOG = Path("runs") / "smoke-test" / "setup.log"
 VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
@@ -57,13 +57,16 @@ def main() -> None:
     for path, unselected in UNSELECTED.items():
         if unselected:
             path.unlink()
-    if not in_temporary_folder():  # a template update's throw-away render gets no repository
-        start_git()
+    if in_temporary_folder():
+        # cruft diffs renders like this one against the project: a repository, .venv or runs/ in
+        # it would become part of the update.
+        say("Rendered into a temporary folder (cruft update or diff): no repository, environment or smoke test.")
+        return
+    start_git()
     skipped = skip_reason()
     if skipped:
         say(f"No environment or smoke test: {skipped}. Set {FORCE}=1 to run them anyway.")
-        if not in_temporary_folder():
-            print_next_steps(None)
+        print_next_steps(None)
         return
     LOG.parent.mkdir(parents=True, exist_ok=True)
     LOG.write_text("")
@@ -91,15 +94,13 @@ def skip_reason() -> str | None:
         return f"{FORCE}=0"
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         return "CI is set"
-    if in_temporary_folder():
-        return "rendered into a temporary folder (a template update)"
     if sys.stdin is None or not sys.stdin.isatty():
         return "no terminal"
     return None
 
 
 def in_temporary_folder() -> bool:
-    """cruft re-renders the template into tempfile.TemporaryDirectory() folders on update and check."""
+    """cruft update and cruft diff render the template into tempfile.TemporaryDirectory() folders."""
     parent = Path.cwd().parent
     return bool(re.fullmatch(r"tmp[a-z0-9_]{8}", parent.name)) and parent.parent == Path(tempfile.gettempdir()).resolve()
 

@@ -71,7 +71,7 @@ def test_update_brings_template_changes_and_keeps_the_users_work(tmp_path, templ
     assert "out of date" in run(CRUFT, "check", cwd=project, status=1)
 
     updated = run(CRUFT, "update", "--skip-apply-ask", cwd=project)
-    assert "rendered into a temporary folder" in updated and "Next:" not in updated
+    assert "Rendered into a temporary folder" in updated and "Next:" not in updated
     config = project_config.read_text()
     assert "max_epochs: 30" in config and "  batch_size: 32" in config
     assert (project / "NOTICE.md").read_text() == "A file new in the template.\n"

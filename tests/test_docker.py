@@ -5,7 +5,6 @@ No Docker engine runs on the test machines: the static checks hold the file to w
 and the slow test does what the image's steps do, in a Python that has torch as the image has.
 """
 
-import fnmatch
 import os
 import re
 import shutil
@@ -25,10 +24,22 @@ def instructions(project: Path) -> list[tuple[str, str]]:
     return [tuple(line.strip().split(maxsplit=1)) for line in logical.splitlines() if line.strip()]
 
 
+def docker_pattern(pattern: str) -> re.Pattern:
+    """A .dockerignore line as Docker matches it: Go's filepath.Match (`*` stops at a `/`), and `**`
+    for any number of folders."""
+    parts = re.split(r"(\*\*/|\*\*|\*|\?)", pattern.strip("/"))
+    wildcards = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+    return re.compile("".join(wildcards.get(part, re.escape(part)) for part in parts))
+
+
 def ignored(project: Path, path: str) -> bool:
-    patterns = [line.strip() for line in (project / ".dockerignore").read_text().splitlines()]
-    patterns = [pattern.rstrip("/") for pattern in patterns if pattern and not pattern.startswith("#")]
-    return any(fnmatch.fnmatch(path, pattern) or path.startswith(f"{pattern}/") for pattern in patterns)
+    """Whether .dockerignore leaves `path` out of the build context: it, or a folder above it, matches."""
+    lines = [line.strip() for line in (project / ".dockerignore").read_text().splitlines()]
+    patterns = [docker_pattern(line) for line in lines if line and not line.startswith("#")]
+    assert not any(line.startswith("!") for line in lines), "exceptions are not modelled here"
+    folders = path.split("/")
+    candidates = ["/".join(folders[:end]) for end in range(1, len(folders) + 1)]
+    return any(pattern.fullmatch(candidate) for pattern in patterns for candidate in candidates)
 
 
 def copies(steps: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
@@ -52,8 +63,16 @@ def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_p
         for source in sources:
             assert (project / source).exists(), f"COPY {source}: no such file in the project"
             assert not ignored(project, source), f"COPY {source}: .dockerignore leaves it out of the build"
-    for heavy in (".venv", "data", "runs", ".git", "runs/x/checkpoints/last.ckpt"):
+    for heavy in (".venv/bin/python", "data/shapes", "runs", ".git", "model.ckpt", "exports/best.ckpt"):
         assert ignored(project, heavy), f"{heavy} would be sent to the Docker build"
+    assert not ignored(project, "src/image_classifier/data.py")
+
+    # The installs run as root and cache in /root (BuildKit's mount); the home any user may write to
+    # comes after them, or their caches would land in the image, owned by root.
+    install = max(index for index, (kind, arguments) in enumerate(steps) if kind == "RUN" and "install" in arguments)
+    home = next(index for index, (kind, arguments) in enumerate(steps) if kind == "ENV" and "HOME=" in arguments)
+    assert home > install
+    assert ("ENV", "WANDB_DATA_DIR=/app/runs/wandb-data") in steps, "offline checkpoints would die with the container"
 
     assert ("ENTRYPOINT", '["python", "-m", "image_classifier"]') in steps
     assert ("CMD", '["doctor"]') in steps

@@ -11,8 +11,6 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from .sharding import shards_weights
-
 
 def go_offline_unless_reachable() -> None:
     """Log offline, and say so in one line, when there is no API key or the W&B server is out of reach.
@@ -56,20 +54,28 @@ def _reachable(host: str, timeout: float = 3.0) -> bool:
 
 
 class BestModelWandbLogger(WandbLogger):
-    """Lightning's WandbLogger, whose log_model uploads the checkpoints that monitor a metric only.
+    """Lightning's WandbLogger, whose log_model uploads the checkpoints that monitor a metric only,
+    and says so when they are folders of shards, which it cannot upload.
 
     The last.ckpt callback monitors nothing, so Lightning would count its file as that callback's
     best and move the artifact's "best" alias onto it.
     """
 
     def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:
-        if checkpoint_callback.monitor is not None:
-            super().after_save_checkpoint(checkpoint_callback)
+        if checkpoint_callback.monitor is None:
+            return
+        if self._log_model and Path(checkpoint_callback.best_model_path).is_dir():
+            # Lightning skips folders without a word: the run would end with no model uploaded.
+            rank_zero_warn(
+                f"W&B log_model={self._log_model}: this strategy's checkpoints are folders of shards, which W&B's "
+                "logger does not upload. Make one a file with `python -m {{ cookiecutter.package_name }} consolidate` "
+                "and upload that with `wandb artifact put`."
+            )
+        super().after_save_checkpoint(checkpoint_callback)
 
 
 class SaveConfigToRun(SaveConfigCallback):
-    """With W&B, save the resolved config as config.yaml in the run's folder and in the W&B run,
-    and say when log_model cannot upload the strategy's checkpoints.
+    """With W&B, save the resolved config as config.yaml in the run's folder and in the W&B run.
 
     LightningCLI's default writes it to trainer.log_dir, which for W&B is the folder all runs
     share, so the second run would find the first one's file; other loggers keep the default.
@@ -80,12 +86,6 @@ class SaveConfigToRun(SaveConfigCallback):
         if not isinstance(logger, WandbLogger):
             super().setup(trainer, pl_module, stage)
             return
-        if logger._log_model and shards_weights(trainer.strategy) and not self.already_saved:
-            rank_zero_warn(
-                f"W&B log_model={logger._log_model} uploads checkpoint files, and {type(trainer.strategy).__name__} "
-                "writes folders of shards: none will be uploaded. Consolidate one into a file "
-                "(python -m {{ cookiecutter.package_name }} consolidate) and upload it with `wandb artifact put`."
-            )
         if trainer.is_global_zero and not self.already_saved:
             run_dir = Path(logger.save_dir) / str(logger.name) / str(logger.version)
             run_dir.mkdir(parents=True, exist_ok=True)
