@@ -11,6 +11,16 @@ from conftest import ON_CPU
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.wandb_logging import go_offline_unless_reachable
 
+ONE_BATCH = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+
+
+def on_data(folder) -> list[str]:
+    return [f"--data.data_dir={folder}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
 
 @pytest.fixture
 def no_wandb_settings(monkeypatch, tmp_path):
@@ -43,16 +53,9 @@ def test_explicit_mode_is_left_alone(no_wandb_settings, monkeypatch):
 
 
 def test_each_run_keeps_its_own_config(monkeypatch, in_project_copy, tiny_shapes):
-    trainer = [
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=1",
-        "--trainer.strategy=auto",
-        "--trainer.precision=32-true",
-    ]
-    one_batch = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
-    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
+    argv = ["fit", *ON_CPU, *ONE_BATCH, *on_data(tiny_shapes)]
     for _ in range(2):
-        monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *trainer, *one_batch, *data])
+        monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *argv])
         main()
         wandb.finish()  # what the end of a process does between two real runs
     configs = list((in_project_copy / "runs" / "{{ cookiecutter.project_slug }}").glob("*/config.yaml"))
@@ -63,9 +66,8 @@ def test_each_run_keeps_its_own_config(monkeypatch, in_project_copy, tiny_shapes
 def test_runs_with_another_logger_still_save_their_config(monkeypatch, in_project_copy, tiny_shapes):
     csv_logger = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=runs"]
     on_cpu = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32-true"]
-    one_batch = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
     data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0"]
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *csv_logger, *on_cpu, *one_batch, *data])
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *csv_logger, *on_cpu, *ONE_BATCH, *data])
     main()
     (config,) = (in_project_copy / "runs").rglob("config.yaml")
     assert (config.parent / "checkpoints" / "last.ckpt").is_file()
@@ -75,10 +77,9 @@ def test_log_model_keeps_the_best_checkpoint_for_wandb_sync(monkeypatch, in_proj
     # Offline, W&B copies each logged file into its data folder, from which `wandb sync` uploads it.
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
     two_epochs = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
-    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
     # An absolute runs/: the W&B service, started by an earlier test, resolves paths from its own folder.
     logger = [f"--trainer.logger.save_dir={in_project_copy / 'runs'}", "--trainer.logger.log_model=true"]
-    argv = ["fit", *ON_CPU, *two_epochs, *data, *logger]
+    argv = ["fit", *ON_CPU, *two_epochs, *on_data(tiny_shapes), *logger]
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *argv])
     main()
     wandb.finish()
@@ -93,16 +94,10 @@ def test_log_model_keeps_the_best_checkpoint_for_wandb_sync(monkeypatch, in_proj
     assert f"model-{run_id}".encode() in logged and best.name.encode() in logged and b"last.ckpt" not in logged
 
 
-def digest(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def test_log_model_says_that_sharded_checkpoints_are_not_uploaded(monkeypatch, in_project_copy, tiny_shapes, tmp_path):
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wandb-data"))
     fsdp2_on_one_cpu = ["--config=configs/trainer/fsdp.yaml", *ON_CPU[:2], "--trainer.precision=32-true"]
-    one_batch = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
-    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
-    argv = ["fit", *fsdp2_on_one_cpu, *one_batch, *data, "--trainer.logger.log_model=true"]
+    argv = ["fit", *fsdp2_on_one_cpu, *ONE_BATCH, *on_data(tiny_shapes), "--trainer.logger.log_model=true"]
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *argv])
     try:
         with pytest.warns(UserWarning, match="checkpoints are folders of shards, which W&B's logger does not upload"):
