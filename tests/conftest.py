@@ -1,4 +1,7 @@
 import itertools
+import site
+import subprocess
+import venv
 from pathlib import Path
 
 import pytest
@@ -60,6 +63,16 @@ def answer_matrix() -> list[dict[str, str]]:
         if combo["accelerator"] == "mps":
             combo["devices"] = "1"
     return combos
+
+
+def python_with_test_packages(folder: Path, with_pip: bool) -> Path:
+    """A new venv's Python that also imports the test environment's packages: installing a project
+    into it checks the project's packaging, not a fresh torch download."""
+    venv.create(folder, with_pip=with_pip)
+    python = folder / "bin" / "python"
+    purelib = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    (Path(purelib.decode().strip()) / "test_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return python
 
 
 def render(output_dir: Path, **answers: str) -> Path:

@@ -8,13 +8,11 @@ and the slow test does what the image's steps do, in a Python that has torch as 
 import os
 import re
 import shutil
-import site
 import subprocess
-import venv
 from pathlib import Path
 
 import pytest
-from conftest import render
+from conftest import python_with_test_packages, render
 
 
 def instructions(project: Path) -> list[tuple[str, str]]:
@@ -96,11 +94,7 @@ def test_the_images_install_step_gives_a_cli_that_trains(tmp_path):
             copy = shutil.copytree if (project / source).is_dir() else shutil.copy2
             copy(project / source, target)
     # The image's Python with its torch: a venv that sees the test environment's packages.
-    image_python = tmp_path / "image-python"
-    venv.create(image_python, with_pip=True)
-    python = str(image_python / "bin" / "python")
-    purelib = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-    (Path(purelib.decode().strip()) / "image.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    python = str(python_with_test_packages(tmp_path / "image-python", with_pip=True))
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "WANDB_MODE": "offline"}
 
     def run(*command: str) -> str:

@@ -3,14 +3,12 @@
 import csv
 import os
 import re
-import site
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pytest
-from conftest import render
+from conftest import python_with_test_packages, render
 
 NON_DEFAULT = {
     "project_name": "Défect Spotter",
@@ -56,10 +54,7 @@ def test_project_installs_with_its_console_script(tmp_path, default_project, ins
     # The environment borrows the test environment's packages: this checks the project's own
     # packaging (build backend, src layout, entry point), not a fresh torch download.
     env_dir = tmp_path / "env"
-    venv.create(env_dir, with_pip=installer == "pip")
-    python = env_dir / "bin" / "python"
-    purelib = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-    (Path(purelib.decode().strip()) / "test_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    python = python_with_test_packages(env_dir, with_pip=installer == "pip")
     if installer == "pip":
         install = [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e", str(default_project)]
     else:
