@@ -147,7 +147,9 @@ def run_plain(project, args, total: int) -> tuple[list[float], float]:
         images, labels = batch
         with autocast:
             logits = model(images)
-            loss = F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
+            losses = F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="none")
+            loss = losses.mean()
+            model.train_loss(losses)
             model.train_metrics.update(logits, labels)
         loss.backward()
         optimizer.step()

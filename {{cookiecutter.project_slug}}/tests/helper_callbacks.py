@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import lightning as L
+import torch
 
 
 class PauseAt(L.Callback):
@@ -64,6 +65,43 @@ class RecordProcess(L.Callback):
         self.seen["val"] = metrics
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+class RecordOutputs(L.Callback):
+    """Write what the model computed in this process during the last training and validation epoch
+    to `<folder>/outputs<rank>.pt`: the logits of each batch, as the backbone gave them, and the labels."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.outputs: dict[str, dict[str, list[torch.Tensor]]] = {}
+        self._logits: torch.Tensor | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
+        # On the backbone: DDP runs the steps themselves through the LightningModule's forward.
+        pl_module.backbone.register_forward_hook(self._keep)
+
+    def _keep(self, module, inputs, logits: torch.Tensor) -> None:
+        self._logits = logits.detach().double().cpu()
+
+    def _add(self, stage: str, batch) -> None:
+        self.outputs[stage]["logits"].append(self._logits)
+        self.outputs[stage]["labels"].append(batch[1].cpu())
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module) -> None:
+        self.outputs["train"] = {"logits": [], "labels": []}
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module) -> None:
+        self.outputs["val"] = {"logits": [], "labels": []}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._add("train", batch)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int, *args) -> None:
+        self._add("val", batch)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        torch.save(self.outputs, self.folder / f"outputs{trainer.global_rank}.pt")
 
 
 class SigtermAt(L.Callback):

@@ -1,6 +1,7 @@
 """Data-parallel and sharded training as separate processes on this machine's CPU (gloo on 127.0.0.1),
 started the ways a cluster starts them: Lightning's launcher, torchrun, and SLURM's srun."""
 
+import csv
 import json
 import os
 import shutil
@@ -66,9 +67,8 @@ def uneven_shapes(tiny_shapes, tmp_path) -> Path:
     return copy
 
 
-def test_ddp_splits_the_data_and_agrees_with_one_process(in_project_copy, uneven_shapes):
+def test_ddp_splits_the_data_into_one_run(in_project_copy, uneven_shapes):
     ranks = in_project_copy / "ranks"
-    # Batches of 11 split the 12 and 11 validation images of the two processes into 2 and 1 batches.
     fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
         "--trainer.max_epochs=1", *data(uneven_shapes, batch_size=11), record(ranks))  # fmt: skip
     rank0, rank1 = seen(ranks)
@@ -76,7 +76,7 @@ def test_ddp_splits_the_data_and_agrees_with_one_process(in_project_copy, uneven
     # Lightning's DistributedSampler gives each process a disjoint half of the 72 training images.
     first, second = set(rank0["train_indices"]), set(rank1["train_indices"])
     assert len(first) == len(second) == 36 and not first & second and first | second == set(range(72))
-    # The metrics are computed over all 23 images once, whichever process validated them.
+    # Every process logs the same numbers: those over all the images.
     assert rank0["val"] == rank1["val"]
 
     runs = [path for path in (in_project_copy / "runs" / "dist").iterdir()]
@@ -85,13 +85,60 @@ def test_ddp_splits_the_data_and_agrees_with_one_process(in_project_copy, uneven
     names, best, last = sorted(path.name for path in (runs[0] / "checkpoints").iterdir())
     assert (names, last) == ("class_names.json", "last.ckpt") and best.startswith("epoch000-acc")
 
-    single = in_project_copy / "single"
-    fit(in_project_copy, *ON_CPU, "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.logger=false",
-        *data(uneven_shapes, batch_size=11), record(single), f"--ckpt_path={runs[0] / 'checkpoints' / 'last.ckpt'}",
-        command="validate")  # fmt: skip
-    (alone,) = seen(single)
-    assert alone["val"]["val/acc"] == rank0["val"]["val/acc"]
-    assert alone["val"]["val/loss"] == pytest.approx(rank0["val"]["val/loss"], rel=1e-5)
+
+def by_hand(logits: torch.Tensor, labels: torch.Tensor, stage: str) -> dict[str, float]:
+    """The logged metrics of `stage` over these images, written out from their definitions."""
+    losses = torch.logsumexp(logits, 1) - logits.gather(1, labels[:, None])[:, 0]
+    predicted = logits.argmax(1)
+    top5 = (logits.topk(5, 1).indices == labels[:, None]).any(1)
+    # Macro F1 over the classes present or predicted, as scikit-learn's f1_score(average="macro").
+    scores = []
+    for label in set(labels.tolist()) | set(predicted.tolist()):
+        hits = ((predicted == label) & (labels == label)).sum().item()
+        scores.append(2 * hits / ((predicted == label).sum().item() + (labels == label).sum().item()))
+    loss = f"{stage}/loss_epoch" if stage == "train" else f"{stage}/loss"
+    return {
+        loss: losses.mean().item(),
+        f"{stage}/acc": (predicted == labels).double().mean().item(),
+        f"{stage}/f1": sum(scores) / len(scores),
+        f"{stage}/top5": top5.double().mean().item(),
+    }
+
+
+@pytest.mark.parametrize("batch_size", [4, 11])
+@pytest.mark.parametrize("processes", [1, 2])
+def test_every_logged_metric_is_over_every_image_once(in_project_copy, uneven_shapes, processes, batch_size):
+    outputs = in_project_copy / "outputs"
+    callback = {"class_path": "helper_callbacks.RecordOutputs", "init_args": {"folder": str(outputs)}}
+    hardware = ["--config=configs/trainer/ddp.yaml"] if processes > 1 else ["--trainer.strategy=auto"]
+    fit(in_project_copy, *hardware, *ON_CPU, f"--trainer.devices={processes}", *CSV_LOGGER, "--trainer.max_epochs=1",
+        *data(uneven_shapes, batch_size), f"--trainer.callbacks+={json.dumps(callback)}")  # fmt: skip
+    (metrics,) = (in_project_copy / "runs" / "dist").glob("*/metrics.csv")
+    logged = {}  # each epoch-level number of the one epoch, as the logger wrote it
+    for row in csv.DictReader(metrics.open()):
+        logged |= {name: float(value) for name, value in row.items() if value and name.startswith(("train/", "val/"))}
+    logged.pop("train/loss_step", None)  # per batch, when a batch falls on log_every_n_steps
+
+    # Training: what the model computed at each step, gathered from every process. Lightning's
+    # DistributedSampler gives each process 36 of the 72 images, in whole batches only.
+    recorded = [torch.load(path, weights_only=True)["train"] for path in sorted(outputs.glob("outputs*.pt"))]
+    assert len(recorded) == processes
+    logits = torch.cat([batch for process in recorded for batch in process["logits"]])
+    labels = torch.cat([batch for process in recorded for batch in process["labels"]])
+    assert len(labels) == processes * (72 // processes // batch_size) * batch_size
+    expected = by_hand(logits, labels, "train")
+
+    # Validation: the trained weights over the 23 images, once each, in one batch of one process.
+    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/dist/*/checkpoints/last.ckpt")))
+    datamodule = ImageDataModule(uneven_shapes, num_workers=0, batch_size=23)
+    datamodule.setup("validate")
+    images, labels = datamodule.on_after_batch_transfer(next(iter(datamodule.val_dataloader())), 0)
+    with torch.no_grad():
+        expected |= by_hand(model.eval()(images).double(), labels, "val")
+
+    assert set(logged) == set(expected)
+    for name, value in expected.items():
+        assert logged[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
-from torchmetrics import MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassConfusionMatrix
 
 from .backbone import build_backbone
+from .metrics import MeanPerImage, classification_metrics
 from .reports import write_report
 from .sharding import fully_shard_blocks, shards_weights, share_buffers
 
@@ -67,13 +68,10 @@ class ImageClassifier(L.LightningModule):
         self.save_hyperparameters()
         self.backbone = build_backbone(backbone, num_classes, pretrained)
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
-        self.train_metrics = _classification_metrics(num_classes, "train/")
-        self.val_metrics = _classification_metrics(num_classes, "val/")
-        self.test_metrics = _classification_metrics(num_classes, "test/")
-        # Weighted by batch size and summed across processes: the mean over every image, however
-        # the images are spread over processes and batches.
-        # (No NaN check: it would read each batch's loss back from the device.)
-        self.val_loss, self.test_loss = MeanMetric(nan_strategy="disable"), MeanMetric(nan_strategy="disable")
+        self.train_metrics = classification_metrics(num_classes, "train/")
+        self.val_metrics = classification_metrics(num_classes, "val/")
+        self.test_metrics = classification_metrics(num_classes, "test/")
+        self.train_loss, self.val_loss, self.test_loss = MeanPerImage(), MeanPerImage(), MeanPerImage()
         # For the confusion-matrix picture and per-class accuracy written after each evaluation.
         self.val_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self.test_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
@@ -85,12 +83,14 @@ class ImageClassifier(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
         logits = self(images)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        losses = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing, reduction="none")
         self.train_metrics.update(logits, labels)
-        # No sync_dist here: a per-step all-reduce would stall every step for a number only plotted.
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(labels))
+        # train/loss_step is this process's batch (an all-reduce per step would stall every step for a
+        # number only plotted); train/loss_epoch, like every metric object, is summed across processes.
+        self.train_loss(losses)
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
-        return loss
+        return losses.mean()
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, self.val_metrics, self.val_loss, self.val_confusion, "val")
@@ -112,7 +112,7 @@ class ImageClassifier(L.LightningModule):
         self,
         batch: tuple[torch.Tensor, torch.Tensor],
         metrics: MetricCollection,
-        mean_loss: MeanMetric,
+        mean_loss: MeanPerImage,
         confusion: MulticlassConfusionMatrix,
         stage: str,
     ) -> None:
@@ -120,7 +120,7 @@ class ImageClassifier(L.LightningModule):
         logits = self(images)
         confusion.update(logits, labels)
         # Plain cross-entropy, so evaluation losses compare across label-smoothing settings.
-        mean_loss.update(F.cross_entropy(logits, labels), weight=len(labels))
+        mean_loss.update(F.cross_entropy(logits, labels, reduction="none"))
         metrics.update(logits, labels)
         # Metric objects sync their states across processes when computed at epoch end, so every
         # rank logs the same values: those one process would compute over all the images.
@@ -262,16 +262,3 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
         return (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def _classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
-    # The labels come from class folders, always in range; checking them would read tensors back
-    # from the device at every step, stalling the GPU.
-    checks = {"validate_args": False}
-    metrics = {
-        "acc": MulticlassAccuracy(num_classes, average="micro", **checks),
-        "f1": MulticlassF1Score(num_classes, average="macro", **checks),
-    }
-    if num_classes > 5:
-        metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro", **checks)
-    return MetricCollection(metrics, prefix=prefix)

@@ -1,0 +1,43 @@
+"""The logged numbers: each one over every image of the epoch, whatever the batch size and process count."""
+
+import torch
+from torchmetrics import Metric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+
+class MeanPerImage(Metric):
+    """The mean of per-image values (losses) over every image seen, summed across processes.
+
+    torchmetrics' MeanMetric either reads each batch back from the device to look for NaN, or, with
+    nan_strategy="disable", ignores its weights: a mean over batches, which moves with the batch size.
+    """
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state("count", torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, values: torch.Tensor) -> None:
+        self.total += values.detach().sum(dtype=torch.float32)
+        self.count += values.numel()
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.count
+
+
+def classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
+    """Accuracy, macro F1 and (with more than five classes) top-5 accuracy, named `prefix` + name."""
+    # The labels come from class folders, always in range; checking them would read tensors back
+    # from the device at every step, stalling the GPU.
+    checks = {"validate_args": False}
+    metrics = {
+        "acc": MulticlassAccuracy(num_classes, average="micro", **checks),
+        "f1": MulticlassF1Score(num_classes, average="macro", **checks),
+    }
+    if num_classes > 5:
+        metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro", **checks)
+    # No compute groups: torchmetrics merges metrics whose states match after the first batch, and a
+    # batch of one class, all predicted right, makes top-5 match F1's top-1 counts for the whole run.
+    return MetricCollection(metrics, prefix=prefix, compute_groups=False)
