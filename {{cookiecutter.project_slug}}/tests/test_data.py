@@ -1,3 +1,4 @@
+import threading
 import warnings
 from collections import Counter
 from types import SimpleNamespace
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import data as data_module
 from {{ cookiecutter.package_name }}.data import (
@@ -81,6 +83,34 @@ def test_worker_settings(tiny_shapes, workers):
     assert loader.prefetch_factor == (2 if workers else None)
     assert loader.pin_memory is torch.cuda.is_available()
     assert loader.drop_last and data.val_dataloader().drop_last is False
+
+
+LOCK = threading.Lock()
+
+
+class NeedsTheLock(Dataset):
+    """Images that need LOCK, as the decoders, allocators and loggers of a real run need theirs."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        with LOCK:
+            return torch.zeros(3, 8, 8, dtype=torch.uint8), 0
+
+
+def test_workers_start_while_a_thread_holds_a_lock_they_need(tiny_shapes):
+    # A forked worker inherits the lock held, with no thread left to release it: it would never give
+    # a batch. (In a run, gloo, W&B or the progress bar hold locks in threads of their own.)
+    data = ImageDataModule(tiny_shapes, num_workers=1, batch_size=2)
+    data.setup("fit")
+    data.train_set = NeedsTheLock()
+    loader = data.train_dataloader()
+    loader.timeout = 30  # fail instead of waiting forever
+    with LOCK:
+        batches = iter(loader)  # the worker starts here
+    images, labels = next(batches)
+    assert images.shape == (2, 3, 8, 8)
 
 
 def test_auto_workers_leave_a_core_for_training(tiny_shapes):
