@@ -1,16 +1,15 @@
 """The benchmark scripts still run against the template as it is (their figures are not checked)."""
 
 import re
-import subprocess
 import sys
 
 import pytest
-from conftest import TEMPLATE
+from conftest import TEMPLATE, run_bounded
 
 
 def run_benchmark(name: str, *args: str) -> str:
     command = [sys.executable, str(TEMPLATE / "benchmarks" / f"{name}.py"), *args]
-    result = subprocess.run(command, cwd=TEMPLATE, capture_output=True, text=True, timeout=900)
+    result = run_bounded(command, 900, cwd=TEMPLATE)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
 

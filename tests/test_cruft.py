@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE, render
+from conftest import TEMPLATE, render, run_bounded
 
 CRUFT = str(Path(sys.executable).parent / "cruft")
 GIT_IDENTITY = {
@@ -22,9 +22,7 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("CI", "LIGHTNING_TEMPLAT
 
 
 def run(*command: str, cwd: Path, status: int = 0) -> str:
-    result = subprocess.run(
-        command, cwd=cwd, env=ENV, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300
-    )
+    result = run_bounded(command, 300, cwd=cwd, env=ENV, stdin=subprocess.DEVNULL)
     assert result.returncode == status, f"{command}: {result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
 

@@ -8,11 +8,10 @@ and the slow test does what the image's steps do, in a Python that has torch as 
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import python_with_test_packages, render
+from conftest import python_with_test_packages, render, run_bounded
 
 
 def instructions(project: Path) -> list[tuple[str, str]]:
@@ -98,7 +97,7 @@ def test_the_images_install_step_gives_a_cli_that_trains(tmp_path):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "WANDB_MODE": "offline"}
 
     def run(*command: str) -> str:
-        result = subprocess.run(command, cwd=app, env=env, capture_output=True, text=True, timeout=600)
+        result = run_bounded(command, 600, cwd=app, env=env)
         assert result.returncode == 0, f"{command}: {result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result.stdout
 

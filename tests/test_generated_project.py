@@ -3,12 +3,11 @@
 import csv
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import python_with_test_packages, render
+from conftest import python_with_test_packages, render, run_bounded
 
 NON_DEFAULT = {
     "project_name": "Défect Spotter",
@@ -26,13 +25,8 @@ def project_env(project: Path) -> dict[str, str]:
 
 
 def run_project_tests(project: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=project,
-        env=project_env(project),
-        capture_output=True,
-        text=True,
-        timeout=1200,
+    result = run_bounded(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], 1200, cwd=project, env=project_env(project)
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert re.search(r"\d+ passed", result.stdout)
@@ -60,15 +54,13 @@ def test_project_installs_with_its_console_script(tmp_path, default_project, ins
     else:
         install = [sys.executable, "-m", "uv", "pip", "install", "--python", str(python), "--no-deps",
                    "--no-build-isolation", "-e", str(default_project)]  # fmt: skip
-    installed = subprocess.run(install, capture_output=True, text=True, timeout=600)
+    installed = run_bounded(install, 600)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
-    result = subprocess.run(
+    result = run_bounded(
         [str(env_dir / "bin" / "image_classifier"), "fit", "--help"],
+        300,
         cwd=tmp_path,
         env={"PATH": os.environ["PATH"], "WANDB_MODE": "offline"},
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "--model.backbone" in result.stdout
@@ -78,14 +70,7 @@ def test_project_installs_with_its_console_script(tmp_path, default_project, ins
 def test_default_recipe_reaches_95_percent(tmp_path):
     """`python -m <package> fit` with nothing else, as the generated README promises."""
     project = render(tmp_path, logger="csv")
-    result = subprocess.run(
-        [sys.executable, "-m", "image_classifier", "fit"],
-        cwd=project,
-        env=project_env(project),
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
+    result = run_bounded([sys.executable, "-m", "image_classifier", "fit"], 1500, cwd=project, env=project_env(project))
     assert result.returncode == 0, result.stderr[-5000:]
     (metrics,) = project.glob("runs/*/version_0/metrics.csv")
     accuracies = [float(row["val/acc"]) for row in csv.DictReader(metrics.open()) if row["val/acc"]]

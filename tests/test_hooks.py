@@ -4,17 +4,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import QUIET, TEMPLATE, is_valid
+from conftest import QUIET, TEMPLATE, is_valid, run_bounded
 
 
 def run_cookiecutter(output_dir, **answers: str) -> subprocess.CompletedProcess:
     args = [f"{key}={value}" for key, value in (QUIET | answers).items()]
-    return subprocess.run(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args]
+    return run_bounded(command, 120)
 
 
 REFUSED = [

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE, render
+from conftest import TEMPLATE, render, run_bounded
 
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
 
@@ -19,13 +19,11 @@ UNSET = ("CI", FORCE, "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "PIP_INDEX_URL"
 
 def generate(output_dir: Path, env: dict[str, str], timeout: int = 1800, **answers: str) -> subprocess.CompletedProcess:
     args = [f"{key}={value}" for key, value in answers.items()]
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args],
+        timeout,
         env={key: value for key, value in os.environ.items() if key not in UNSET} | env,
         stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
     )
 
 

@@ -12,7 +12,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 import pytest
 import yaml
-from conftest import TEMPLATE, answer_matrix, render
+from conftest import TEMPLATE, answer_matrix, render, run_bounded
 
 MATRIX = answer_matrix()
 
@@ -33,6 +33,7 @@ MODULES = [
     "doctor",
     "export",
     "hardware",
+    "metrics",
     "model",
     "reports",
     "resume",
@@ -50,6 +51,7 @@ TESTS = [
     "test_distributed",
     "test_doctor",
     "test_export",
+    "test_metrics",
     "test_model",
     "test_presets",
     "test_report",
@@ -188,13 +190,11 @@ def readme_configs(project) -> set[str]:
 
 def print_config(project, *configs: str) -> dict:
     args = [arg for config in configs for arg in ("--config", config)]
-    result = subprocess.run(
+    result = run_bounded(
         [sys.executable, "-m", project.name.replace("-", "_"), "fit", *args, "--print_config"],
+        300,
         cwd=project,
         env={"PYTHONPATH": str(project / "src"), "PATH": "/usr/bin:/bin", "WANDB_MODE": "offline"},
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return yaml.safe_load(result.stdout)

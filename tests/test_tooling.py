@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from conftest import render
+from conftest import render, run_bounded
 
 # The test environment's tools (ruff, pre-commit) stand in for the project's own .venv.
 TOOLS = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -24,7 +24,7 @@ def test_workflow_keeps_its_github_expressions_and_the_answers(tmp_path):
 
 def pre_commit(project: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "pre_commit", "run", "--all-files"]
-    return subprocess.run(command, cwd=project, env=os.environ | TOOLS, capture_output=True, text=True, timeout=300)
+    return run_bounded(command, 300, cwd=project, env=os.environ | TOOLS)
 
 
 def test_pre_commit_hooks_pass_on_the_project_and_fix_a_bad_file(tmp_path):

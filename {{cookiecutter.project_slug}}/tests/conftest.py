@@ -1,5 +1,8 @@
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,3 +67,51 @@ def run_command(monkeypatch, *args: str, status: int = 0) -> None:
     with pytest.raises(SystemExit) as done:
         main()
     assert done.value.code == status
+
+
+def command_env(**extra: str) -> dict[str, str]:
+    """The environment of the project's commands in the tests: the package and tests/ (for the
+    callbacks in helper_callbacks.py) importable, W&B offline, processes meeting on 127.0.0.1."""
+    path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
+    return os.environ | {"PYTHONPATH": path, "WANDB_MODE": "offline", "MASTER_ADDR": "127.0.0.1"} | extra
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """Kill a command started by start_group and everything it started: ranks, data workers."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def start_group(command: list[str], **options) -> subprocess.Popen:
+    """Start a command in a process group of its own, which tests kill whole when they are done with it."""
+    return subprocess.Popen(command, start_new_session=True, **options)
+
+
+def run_group(command: list[str], timeout: float, **options) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True, text=True) in a process group of its own. The group is
+    killed when the command ends or times out, so a multi-process command never outlives its test."""
+    process = start_group(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{' '.join(command[:4])} ... did not end within {timeout} s:\n{stderr[-3000:]}")
+    finally:
+        kill_group(process)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.fixture
+def groups():
+    """start_group for commands a test drives itself; whatever is left of them is killed at its end."""
+    started: list[subprocess.Popen] = []
+
+    def start(command: list[str], **options) -> subprocess.Popen:
+        started.append(start_group(command, **options))
+        return started[-1]
+
+    yield start
+    for process in started:
+        kill_group(process)

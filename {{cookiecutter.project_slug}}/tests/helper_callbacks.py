@@ -25,6 +25,21 @@ class PauseAt(L.Callback):
             time.sleep(0.05)
 
 
+class HoldOnRank(L.Callback):
+    """Hold one process of a run at a training step, as a hung or busy process would, after writing
+    its process id to `marker`."""
+
+    def __init__(self, rank: int, step: int, marker: str, seconds: float = 120) -> None:
+        self.rank, self.step, self.marker, self.seconds = rank, step, Path(marker), seconds
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            written = self.marker.with_suffix(".tmp")
+            written.write_text(str(os.getpid()))
+            written.rename(self.marker)
+            time.sleep(self.seconds)
+
+
 class FailOnRank(L.Callback):
     """Raise in one process of a multi-process run, as a bad batch or a full disk would."""
 

@@ -9,11 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT
+from conftest import PROJECT_ROOT, command_env, run_group
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
@@ -36,14 +37,9 @@ def record(folder: Path) -> str:
     return f"--trainer.callbacks+={json.dumps(callback)}"
 
 
-def environment(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
-    return os.environ | {"PYTHONPATH": path, "WANDB_MODE": "offline", "MASTER_ADDR": "127.0.0.1"} | extra
-
-
 def fit(project: Path, *args: str, command: str = "fit") -> subprocess.CompletedProcess:
     cli = [sys.executable, "-m", "{{ cookiecutter.package_name }}", command, *args]
-    result = subprocess.run(cli, cwd=project, env=environment(), capture_output=True, text=True, timeout=TIMEOUT)
+    result = run_group(cli, TIMEOUT, cwd=project, env=command_env())
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -160,6 +156,58 @@ def test_augmentations_differ_between_processes(in_project_copy, tiny_shapes, tm
     assert len(set(rank0["first_batch"])) == len(rank0["first_batch"])
 
 
+def hold(rank: int, marker: Path) -> str:
+    """The option that holds process `rank` at step 1 for two minutes."""
+    options = {"rank": rank, "step": 1, "marker": str(marker)}
+    return f"--trainer.callbacks+={json.dumps({'class_path': 'helper_callbacks.HoldOnRank', 'init_args': options})}"
+
+
+def running(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.is_file():  # Linux: a zombie, dead but not yet reaped, is not running
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_process_whose_launcher_is_killed_stops_at_once(in_project_copy, tiny_shapes, groups):
+    # Local rank 1 is held at a step, as one busy computing or waiting in an NCCL collective is: it
+    # would not notice that local rank 0, which launched it, is gone until much later.
+    marker = in_project_copy / "held"
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", "--config=configs/trainer/ddp.yaml",
+               *ON_CPU, "--trainer.devices=2", *SHORT, *CSV_LOGGER, *data(tiny_shapes), hold(1, marker)]  # fmt: skip
+    launcher = groups(command, cwd=in_project_copy, env=command_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT
+    while not marker.exists():
+        assert launcher.poll() is None, launcher.stderr.read()[-4000:]
+        assert time.monotonic() < deadline, "local rank 1 never reached the step"
+        time.sleep(0.1)
+    rank1 = int(marker.read_text())
+    launcher.kill()  # as the OOM killer would
+    launcher.wait()
+    killed = time.monotonic()
+    while running(rank1) and time.monotonic() < killed + 15:
+        time.sleep(0.2)
+    assert not running(rank1), "local rank 1 outlived its launcher by 15 s"
+    assert "local rank 0, which started this process, (pid" in launcher.stderr.read()
+
+
+def test_a_hung_process_ends_the_run_after_the_collective_timeout(in_project_copy, tiny_shapes):
+    # Rank 0 hangs at a step; rank 1 waits for it at its next gradient all-reduce for the preset's
+    # timeout (here 5 s), fails, and Lightning's launcher then ends rank 0.
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", "--config=configs/trainer/ddp.yaml",
+               *ON_CPU, "--trainer.devices=2", "--trainer.strategy.init_args.timeout=0:00:05", *SHORT, *CSV_LOGGER,
+               *data(tiny_shapes), hold(0, in_project_copy / "held")]  # fmt: skip
+    started = time.monotonic()
+    result = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
+    assert result.returncode != 0
+    assert time.monotonic() - started < 100, "the run outlived the hung process's 120 s hold"
+    assert "[rank: 1] Child process" in result.stderr and "terminated with code 1" in result.stderr
+
+
 def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_copy, uneven_shapes):
     ranks = in_project_copy / "ranks"
     fit(in_project_copy, "--config=configs/trainer/fsdp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
@@ -186,21 +234,17 @@ def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_co
     assert accuracy == pytest.approx(rank0["val"]["val/acc"], abs=1e-6)
 
 
-def test_two_nodes_through_torchrun(in_project_copy, tiny_shapes):
+def test_two_nodes_through_torchrun(in_project_copy, tiny_shapes, groups):
     shutil.copytree(PROJECT_ROOT / "scripts", in_project_copy / "scripts")
     ranks = in_project_copy / "ranks"
-    env = environment(NNODES="2", NPROC_PER_NODE="1", RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", PYTHON=sys.executable,
+    env = command_env(NNODES="2", NPROC_PER_NODE="1", RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", PYTHON=sys.executable,
                       JOIN_TIMEOUT="120")  # fmt: skip
     args = [*ON_CPU, *CSV_LOGGER, *SHORT,
             *data(tiny_shapes), record(ranks)]  # fmt: skip
     launch = ["bash", "scripts/torchrun.sh", *args]
-    nodes = [subprocess.Popen(launch, cwd=in_project_copy, env=env, stderr=subprocess.PIPE, text=True) for _ in "01"]
-    try:
-        for node in nodes:
-            assert node.wait(timeout=TIMEOUT) == 0, node.stderr.read()[-4000:]
-    finally:
-        for node in nodes:
-            node.kill()
+    nodes = [groups(launch, cwd=in_project_copy, env=env, stderr=subprocess.PIPE, text=True) for _ in "01"]
+    for node in nodes:
+        assert node.wait(timeout=TIMEOUT) == 0, node.stderr.read()[-4000:]
     processes = seen(ranks)
     assert [(p["world_size"], p["global_rank"], p["local_rank"]) for p in processes] == [(2, 0, 0), (2, 1, 0)]
     assert sorted(p["node_rank"] for p in processes) == [0, 1]
@@ -224,7 +268,7 @@ def fake_slurm(project: Path, tasks: int, job_id: str) -> dict[str, str]:
     (bin_dir / "scontrol").write_text(f'#!/usr/bin/env bash\necho "$@" >> {bin_dir / "scontrol.log"}\n')
     for tool in ("srun", "scontrol"):
         (bin_dir / tool).chmod(0o755)
-    return environment(
+    return command_env(
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         PYTHON=sys.executable,
         SLURM_JOB_ID=job_id,
@@ -241,7 +285,7 @@ def fake_slurm(project: Path, tasks: int, job_id: str) -> dict[str, str]:
 
 def sbatch(project: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     command = ["bash", str(PROJECT_ROOT / "scripts" / "slurm.sbatch"), *ON_CPU, *CSV_LOGGER, *args]
-    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    return run_group(command, TIMEOUT, cwd=project, env=env)
 
 
 def test_slurm_job_runs_in_lightnings_slurm_environment(in_project_copy, tiny_shapes):

@@ -1,6 +1,7 @@
 """Every trainer preset parses, builds its strategy, and stops in one line where the hardware is missing."""
 
 import sys
+from datetime import timedelta
 from importlib.util import find_spec
 from pathlib import Path
 from types import SimpleNamespace
@@ -82,6 +83,8 @@ def test_preset_builds_its_strategy(preset):
     expected |= {"deepspeed_stage2": "DeepSpeedStrategy", "deepspeed_stage3_offload": "DeepSpeedStrategy"}
     name = type(strategy).__name__ if isinstance(strategy, Strategy) else strategy
     assert name == expected.get(preset.stem, "auto")
+    if isinstance(strategy, Strategy):  # a lost or hung peer ends the run in 10 minutes, not 30
+        assert strategy._timeout == timedelta(minutes=10)
     if preset.stem == "fsdp1":  # the policy given by its import path arrives as the function
         assert strategy.kwargs["auto_wrap_policy"] is wrap_blocks
     if name == "DeepSpeedStrategy":  # offloading needs DeepSpeed's CPU Adam, which the model then builds

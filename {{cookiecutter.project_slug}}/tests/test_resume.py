@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT
+from conftest import command_env
 
 from {{ cookiecutter.package_name }} import checkpoint_io
 from {{ cookiecutter.package_name }}.cli import main
@@ -47,19 +47,16 @@ def run_cli(monkeypatch, *args: str) -> None:
     main()
 
 
-def start_fit(project: Path, *args: str) -> subprocess.Popen:
-    # tests/ is on the path for the callbacks in helper_callbacks.py.
-    path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
-    env = os.environ | {"PYTHONPATH": path, "WANDB_MODE": "offline"}
+def start_fit(groups, project: Path, *args: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *TRAINER, *args]
-    return subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return groups(command, cwd=project, env=command_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def start_paused_fit(project: Path, data_dir: Path, step: int) -> subprocess.Popen:
+def start_paused_fit(groups, project: Path, data_dir: Path, step: int) -> subprocess.Popen:
     """A two-epoch fit that holds at `step` (after its optimizer step) until it gets a SIGTERM."""
     marker = project / "paused"
     pause = json.dumps({"class_path": "helper_callbacks.PauseAt", "init_args": {"step": step, "marker": str(marker)}})
-    process = start_fit(project, *data(data_dir), *TWO_EPOCHS, f"--trainer.callbacks+={pause}")
+    process = start_fit(groups, project, *data(data_dir), *TWO_EPOCHS, f"--trainer.callbacks+={pause}")
     deadline = time.monotonic() + 300
     while not marker.exists():
         assert process.poll() is None, process.stderr.read().decode()[-3000:]
@@ -68,8 +65,8 @@ def start_paused_fit(project: Path, data_dir: Path, step: int) -> subprocess.Pop
     return process
 
 
-def finish_with_auto_resume(project: Path, data_dir: Path) -> None:
-    resumed = start_fit(project, *data(data_dir), *TWO_EPOCHS, "--ckpt_path=auto")
+def finish_with_auto_resume(groups, project: Path, data_dir: Path) -> None:
+    resumed = start_fit(groups, project, *data(data_dir), *TWO_EPOCHS, "--ckpt_path=auto")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-3000:]
 
 
@@ -94,25 +91,25 @@ def test_last_without_a_run_says_how_to_start_one(monkeypatch, in_project_copy, 
         run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--ckpt_path=last")
 
 
-def test_sigkill_mid_epoch_loses_only_the_work_since_the_last_checkpoint(in_project_copy, tiny_shapes):
-    process = start_paused_fit(in_project_copy, tiny_shapes, step=STEPS_PER_EPOCH + 5)
+def test_sigkill_mid_epoch_loses_only_the_work_since_the_last_checkpoint(in_project_copy, tiny_shapes, groups):
+    process = start_paused_fit(groups, in_project_copy, tiny_shapes, step=STEPS_PER_EPOCH + 5)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
     (run,) = run_folders(in_project_copy)
     assert saved_step(run / "checkpoints" / "last.ckpt") == STEPS_PER_EPOCH  # the end of epoch one
 
-    finish_with_auto_resume(in_project_copy, tiny_shapes)
+    finish_with_auto_resume(groups, in_project_copy, tiny_shapes)
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
 
 
-def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_project_copy, tiny_shapes):
-    process = start_paused_fit(in_project_copy, tiny_shapes, step=STEPS_PER_EPOCH + 5)
+def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_project_copy, tiny_shapes, groups):
+    process = start_paused_fit(groups, in_project_copy, tiny_shapes, step=STEPS_PER_EPOCH + 5)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 128 + signal.SIGTERM, "a preempted run must not exit with success"
     (run,) = run_folders(in_project_copy)
     assert saved_step(run / "checkpoints" / "last.ckpt") == STEPS_PER_EPOCH + 5
 
-    finish_with_auto_resume(in_project_copy, tiny_shapes)
+    finish_with_auto_resume(groups, in_project_copy, tiny_shapes)
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
 
 

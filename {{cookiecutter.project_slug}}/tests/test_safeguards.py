@@ -1,14 +1,12 @@
 """Failures that stop a run say where and why, and never cost the last good checkpoint or hang."""
 
 import json
-import os
-import subprocess
 import sys
 
 import lightning as L
 import pytest
 import torch
-from conftest import PROJECT_ROOT
+from conftest import command_env, run_group
 
 from {{ cookiecutter.package_name }}.callbacks import NonFiniteLossError, StopOnNonFiniteLoss
 from {{ cookiecutter.package_name }}.data import ImageDataModule
@@ -55,9 +53,7 @@ def test_an_exception_in_one_process_ends_every_process(in_project_copy, tiny_sh
                "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.precision=32-true",
                "--trainer.max_epochs=1", f"--trainer.callbacks+={failure}", f"--data.data_dir={tiny_shapes}",
                "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=4"]  # fmt: skip
-    path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
-    env = os.environ | {"PYTHONPATH": path, "WANDB_MODE": "offline", "MASTER_ADDR": "127.0.0.1"}
     # The timeout is the hang this guards against: a process left waiting for its dead peer.
-    result = subprocess.run(command, cwd=in_project_copy, env=env, capture_output=True, text=True, timeout=300)
+    result = run_group(command, 300, cwd=in_project_copy, env=command_env())
     assert result.returncode != 0
     assert "injected failure on rank 1" in result.stderr

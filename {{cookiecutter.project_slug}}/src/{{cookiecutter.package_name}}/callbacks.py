@@ -1,11 +1,16 @@
-"""Callbacks that keep a long run's progress: a checkpoint on SIGTERM, a stop on a non-finite loss."""
+"""Callbacks that keep a long run's progress: a checkpoint on SIGTERM, a stop on a non-finite loss,
+and an end to processes whose launcher is gone."""
 
+import os
+import sys
+import threading
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -79,3 +84,54 @@ class StopOnNonFiniteLoss(L.Callback):
         rank_zero_warn(f"Loss is not finite at {where}: dropping this batch's update.")
         # Parameters without gradients are left alone by the optimizer: the batch never happened.
         optimizer.zero_grad(set_to_none=True)
+
+
+class EndWithLauncher(L.Callback):
+    """A process that a launcher started (Lightning's, for local ranks 1 and up; torchrun's agent)
+    exits as soon as that launcher is gone, with a line naming it.
+
+    Otherwise, when the launcher dies (the OOM killer, a SIGKILL), such a process keeps its GPU until
+    its next collective times out: NCCL never notices a dead peer. (When a child dies instead,
+    Lightning's launcher ends the others, and torchrun's agent and `srun --kill-on-bad-exit` do the same.)
+
+    Args:
+        poll_seconds: How often the process looks for its launcher.
+    """
+
+    def __init__(self, poll_seconds: float = 1.0) -> None:
+        self.poll_seconds = poll_seconds
+        self._done = threading.Event()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+        if trainer.local_rank == 0 and not torchrun:
+            return  # started by hand or by srun: the shell or SLURM ends it
+        launcher = "torchrun's agent" if torchrun else "local rank 0, which started this process,"
+        self._done = threading.Event()
+        args = (os.getppid(), launcher, trainer.local_rank, self._done)
+        threading.Thread(target=self._watch, args=args, name="launcher-watch", daemon=True).start()
+
+    def _watch(self, parent: int, launcher: str, local_rank: int, done: threading.Event) -> None:
+        while not done.wait(self.poll_seconds):
+            if os.getppid() != parent:
+                print(
+                    f"error: {launcher} (pid {parent}) has exited: local rank {local_rank} stops too, "
+                    "instead of waiting for it at the next collective.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(1)
+
+    # The stage's collectives are over: the launcher may now exit first.
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._done.set()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            self._done.set()
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._done.set()
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._done.set()

@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import benchmark, classify, consolidate, curves, doctor, export, tune
+from .callbacks import EndWithLauncher
 from .data import ImageDataModule
 from .hardware import HardwareError, check_hardware
 from .model import ImageClassifier
@@ -126,5 +127,7 @@ def run_cli(defaults: list[str], args: list[str] | None) -> None:
 {%- endif %}
         # A resumed run writes its config.yaml again, into its own folder.
         save_config_kwargs={"overwrite": True},
+        # Always on, whatever callbacks a config lists: no process outlives its launcher.
+        trainer_defaults={"callbacks": [EndWithLauncher()]},
         args=args,
     )
