@@ -30,6 +30,8 @@ RANGE, BAND = 100, 10
 # Lightning smooths the range test's losses with a running mean (beta 0.98) whose first values come
 # out low: about 1 / (1 - beta) points pass before they are the loss.
 SETTLING = 50
+# Less of a fall than this is the noise of a model that has not started to learn.
+FALL = 0.05
 # A batch is searched up to the size that still gives each process this many steps per epoch.
 MIN_STEPS_PER_EPOCH = 8
 
@@ -51,10 +53,10 @@ def suggest_lr(rates: list[float], losses: list[float]) -> float | None:
     """A tenth of the rate at the lowest smoothed loss of a range test, where the loss still falls
     fast, before it turns up. (Lightning's own suggestion, the steepest slope, lands on noise in
     short tests: 1.2e-6 on the shapes data, where 2e-3 trains to 98 %.) The first SETTLING points
-    are left out: Lightning's running mean starts them low. None: the loss never fell after them."""
+    are left out: Lightning's running mean starts them low. None: the loss never fell by FALL after them."""
     start = min(SETTLING, len(losses) // 2)
     lowest = start + int(np.nanargmin(losses[start:]))
-    if not losses[lowest] < losses[start]:
+    if not losses[lowest] < (1 - FALL) * losses[start]:
         return None
     return rates[lowest] / 10
 
@@ -80,7 +82,11 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
     found = suggest_lr(rates, losses)
     draw_lr_curve(rates, losses, current, found)
     if found is None:
-        print(f"The loss never fell in {len(rates)} steps of the range test (curve: {LR_CURVE}): try more --steps.")
+        epoch = len(cli.datamodule.train_set) // (cli.datamodule.batch_size * trainer.world_size)
+        print(
+            f"The loss never fell by {FALL:.0%} in the {len(rates)} steps of the range test (curve: {LR_CURVE}): the "
+            f"model had not started to learn. Nothing written; try --steps of a few epochs (one is {epoch} steps)."
+        )
         return 1
     # The test ran at the effective batch; model.lr is the rate at base_batch_size, scaled from there.
     lr, now = float(f"{found * model.hparams.lr / current:.3g}"), model.hparams.lr
