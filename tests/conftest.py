@@ -70,28 +70,33 @@ def answer_matrix() -> list[dict[str, str]]:
 
 def run_bounded(command: list, timeout: float, **options) -> subprocess.CompletedProcess:
     """subprocess.run(command, capture_output=True, text=True, timeout=timeout), in a process group
-    of its own that goes whole when the command ends or times out: nothing it started (training
-    ranks, data workers, a test session's commands) outlives it."""
+    of its own that goes whole when the command ends, times out or is interrupted: nothing it started
+    (training ranks, data workers, a test session's commands) outlives it."""
     process = subprocess.Popen(
         command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # An interrupt first: a pytest session inside then ends the process groups of its own commands.
-        _signal_group(process, signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=30)
-        _signal_group(process, signal.SIGKILL)
+        _end_group(process)
         try:
             stdout, stderr = process.communicate(timeout=60)
         except subprocess.TimeoutExpired:  # something outside the group still holds the pipes
             stdout, stderr = "", ""
         pytest.fail(f"{' '.join(map(str, command))} did not end within {timeout} s:\n{stdout[-3000:]}{stderr[-3000:]}")
     finally:
-        _signal_group(process, signal.SIGKILL)
-        process.wait()
+        _end_group(process)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _end_group(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        # An interrupt first: a pytest session inside then ends the process groups of its own commands.
+        _signal_group(process, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+    _signal_group(process, signal.SIGKILL)
+    process.wait()
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:

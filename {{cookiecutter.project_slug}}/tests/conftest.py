@@ -69,6 +69,22 @@ def run_command(monkeypatch, *args: str, status: int = 0) -> None:
     assert done.value.code == status
 
 
+def refusal(monkeypatch, capsys, *args: str) -> str:
+    """The one line, `error: ...`, that a command which must fail ends with, and no traceback: at
+    most three lines of output in all (Lightning's seed line, for one)."""
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    printed = capsys.readouterr()
+    # A message given to sys.exit is printed by Python as the process ends; parse errors print their own.
+    message = stopped.value.code if isinstance(stopped.value.code, str) else printed.err.strip()
+    assert stopped.value.code != 0
+    assert message.startswith("error: ") and "\n" not in message, message
+    assert "Traceback" not in printed.out + printed.err
+    assert len((printed.out + printed.err).strip().splitlines()) <= (2 if message is stopped.value.code else 3), printed
+    return message
+
+
 def command_env(**extra: str) -> dict[str, str]:
     """The environment of the project's commands in the tests: the package and tests/ (for the
     callbacks in helper_callbacks.py) importable, W&B offline, processes meeting on 127.0.0.1."""

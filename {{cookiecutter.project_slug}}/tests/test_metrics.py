@@ -40,6 +40,14 @@ def test_mean_per_image_weights_each_image_whatever_the_batches():
     assert mean.compute().item() == pytest.approx(0.8)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mean_per_image_keeps_float32_under_half_precision_models(dtype):
+    mean = MeanPerImage().to(dtype=dtype)  # what Lightning's bf16-true and 16-true do to the module
+    for _ in range(800):
+        mean.update(torch.full((64,), 2.25, dtype=dtype))
+    assert mean.compute().item() == 2.25
+
+
 @pytest.mark.parametrize("batch_size", [3, 8])
 def test_test_loss_is_the_mean_over_every_image(tiny_shapes, tmp_path, batch_size):
     # 23 test images: batches of 3 end on 2 images, of 8 on 7, so a mean of batch means would differ.

@@ -8,6 +8,7 @@ import torch
 import torchvision
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.errors import MissingError
 from {{ cookiecutter.package_name }}.model import ImageClassifier, warmup_cosine
 from {{ cookiecutter.package_name }}.reports import per_class_accuracy
 
@@ -28,7 +29,7 @@ def test_pretrained_weights_that_cannot_be_downloaded_say_where_to_put_them(monk
         raise URLError("no network")
 
     monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
-    with pytest.raises(RuntimeError, match=r"resnet18-f37072fd\.pth.*--model\.pretrained=false"):
+    with pytest.raises(MissingError, match=r"resnet18-f37072fd\.pth.*--model\.pretrained=false"):
         ImageClassifier(num_classes=3, backbone="resnet18", pretrained=True)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import command_env
+from conftest import command_env, refusal
 
 from {{ cookiecutter.package_name }} import checkpoint_io
 from {{ cookiecutter.package_name }}.cli import main
@@ -86,9 +86,9 @@ def test_auto_without_a_run_starts_a_new_one(monkeypatch, in_project_copy, tiny_
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.fast_dev_run=true", "--ckpt_path=auto")
 
 
-def test_last_without_a_run_says_how_to_start_one(monkeypatch, in_project_copy, tiny_shapes):
-    with pytest.raises(FileNotFoundError, match="--ckpt_path auto to start a new run"):
-        run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--ckpt_path=last")
+def test_last_without_a_run_says_how_to_start_one(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    message = refusal(monkeypatch, capsys, "fit", *TRAINER, *data(tiny_shapes), "--ckpt_path=last")
+    assert "--ckpt_path auto to start a new run" in message
 
 
 def test_sigkill_mid_epoch_loses_only_the_work_since_the_last_checkpoint(in_project_copy, tiny_shapes, groups):

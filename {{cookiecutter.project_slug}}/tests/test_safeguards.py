@@ -1,14 +1,16 @@
 """Failures that stop a run say where and why, and never cost the last good checkpoint or hang."""
 
 import json
+import pickle
 import sys
 
 import lightning as L
 import pytest
 import torch
-from conftest import command_env, run_group
+from conftest import ON_CPU, command_env, run_group
 
-from {{ cookiecutter.package_name }}.callbacks import NonFiniteLossError, StopOnNonFiniteLoss
+from {{ cookiecutter.package_name }}.benchmark import build
+from {{ cookiecutter.package_name }}.callbacks import EndWithLauncher, NonFiniteLossError, StopOnNonFiniteLoss
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 
@@ -57,3 +59,15 @@ def test_an_exception_in_one_process_ends_every_process(in_project_copy, tiny_sh
     result = run_group(command, 300, cwd=in_project_copy, env=command_env())
     assert result.returncode != 0
     assert "injected failure on rank 1" in result.stderr
+
+
+def test_every_trainer_has_the_launcher_watch_and_can_be_pickled(monkeypatch, in_project_copy):
+    # ddp_spawn pickles the Trainer, callbacks included, into the processes it starts.
+    monkeypatch.setenv("LOCAL_RANK", "1")  # as in a process that Lightning's launcher started
+    trainer = build([*ON_CPU, "--trainer.logger=false"]).trainer
+    (watch,) = [callback for callback in trainer.callbacks if isinstance(callback, EndWithLauncher)]
+    assert watch._done is not None and not watch._done.is_set()
+    copy = pickle.loads(pickle.dumps(watch))
+    assert copy._launcher is None  # a copy in another process watches nothing
+    watch.teardown(trainer, None, "fit")
+    assert watch._done.is_set()

@@ -1,7 +1,6 @@
 """`tune lr` and `tune batch_size`: Lightning's finders, written into configs/tuned.yaml only when they help."""
 
 import csv
-import re
 import sys
 
 import pytest
@@ -51,18 +50,14 @@ def shapes_and_two_epochs(tmp_path, lr: float) -> tuple[list[str], list[str]]:
     return options, [*options, "--trainer.max_epochs=2", "--trainer.num_sanity_val_steps=0"]
 
 
-def test_tune_lr_never_writes_a_rate_that_trains_worse_than_the_default(monkeypatch, capsys, in_project_copy, tmp_path):
-    options, two_epochs = shapes_and_two_epochs(tmp_path, 2e-3)
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "tune", "lr", "--steps=100", "--epochs=2", *options])
-    with pytest.raises(SystemExit):
-        main()
+def test_on_the_shapes_data_the_default_rate_is_kept(monkeypatch, capsys, in_project_copy, tmp_path):
+    # Lightning's own suggestion was 1.2e-6 here, a rate that trains nothing; a model trained from
+    # scratch on the shapes has not started to learn within the range test, and the test says so.
+    options, _ = shapes_and_two_epochs(tmp_path, 2e-3)
+    run_command(monkeypatch, "tune", "lr", "--steps=100", "--epochs=2", *options, status=1)
+    assert "The loss never fell by 5% in the 100 steps of the range test" in capsys.readouterr().out
+    assert "model" not in tuned(in_project_copy)
     assert (in_project_copy / "runs" / "tune" / "lr_find.png").is_file()
-    if "model" not in tuned(in_project_copy):  # the range test found nothing, or nothing better
-        assert re.search("never fell|current model.lr trains better", capsys.readouterr().out)
-        return
-    # Trained again through the command line, as a user would with configs/tuned.yaml.
-    with_tuned = val_loss(monkeypatch, in_project_copy, *two_epochs, "--config=configs/tuned.yaml")
-    assert with_tuned <= val_loss(monkeypatch, in_project_copy, *two_epochs)
 
 
 def test_a_suggestion_that_trains_better_is_written(monkeypatch, in_project_copy, tmp_path):
@@ -80,7 +75,7 @@ def test_a_suggestion_that_trains_worse_is_not_written(monkeypatch, capsys, in_p
 
     monkeypatch.setattr(tune, "suggest_lr", lambda rates, losses: rates[-1] / 20)  # 5x the current rate
     monkeypatch.setattr(tune, "validation_after", worse_when_suggested)
-    run_command(monkeypatch, "tune", "lr", "--steps=5", *ON_CPU, *tiny(tiny_shapes))
+    run_command(monkeypatch, "tune", "lr", "--steps=5", *ON_CPU, *tiny(tiny_shapes), status=1)
     printed = capsys.readouterr().out
     assert "model.lr 0.01 reaches val/loss 1.2000 (val/acc 0.5000), the current 0.002 1.0000" in printed
     assert "The current model.lr trains better: nothing written" in printed

@@ -8,6 +8,8 @@ import torch
 import torchvision
 from torch import nn
 
+from .errors import ConfigError, MissingError
+
 
 def classification_models() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
@@ -18,10 +20,43 @@ def check_backbone_name(name: str) -> None:
     known = classification_models()
     if name not in known:
         close = difflib.get_close_matches(name, known, n=5, cutoff=0.5) or known[:5]
-        raise ValueError(
+        raise ConfigError(
             f"Unknown backbone {name!r}. Closest torchvision classification models: {', '.join(close)}. "
             "List them all with: python -c 'import torchvision.models as m; print(m.list_models(module=m))'"
         )
+
+
+# Image sides to offer when a backbone refuses the one configured: common ones, and the inputs of
+# models with a fixed size (ViTs at 224, 384 and 518; Inception from 75 up).
+SIDES = (32, 64, 75, 96, 112, 128, 160, 192, 224, 256, 299, 320, 384, 448, 512, 518)
+
+
+def check_image_size(model: nn.Module, name: str, size: int) -> None:
+    """Refuse an image size the backbone cannot take, naming the nearest one it can: one forward of
+    one blank image, before any data is loaded (the run would otherwise fail after loading it,
+    deep inside the model: a ViT takes one size only, Inception 75 px or more, MaxViT multiples of 32)."""
+    refusal = _refusal(model, size)
+    if refusal is None:
+        return
+    larger = [side for side in SIDES if side > size]
+    smaller = [side for side in reversed(SIDES) if side < size]
+    works = next((side for side in [*larger, *smaller] if _refusal(model, side) is None), None)
+    fix = f"use --data.image_size {works}" if works else "use another --data.image_size or --model.backbone"
+    raise ConfigError(f"{name} cannot take {size}-pixel images ({refusal}): {fix}.")
+
+
+def _refusal(model: nn.Module, size: int) -> str | None:
+    """Why `model` fails on one blank size x size image, or None when it does not."""
+    training = model.training
+    parameter = next(model.parameters())
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, 3, size, size, device=parameter.device, dtype=parameter.dtype))
+    except (RuntimeError, ValueError, AssertionError) as error:
+        return str(error).splitlines()[0][:200]
+    finally:
+        model.train(training)
+    return None
 
 
 def build_backbone(name: str, num_classes: int, pretrained: bool) -> nn.Module:
@@ -37,7 +72,7 @@ def build_backbone(name: str, num_classes: int, pretrained: bool) -> nn.Module:
         model = torchvision.models.get_model(name, weights=weights)  # their weights include the aux heads
     except OSError as error:  # URLError, timeouts and refused connections are all OSErrors
         target = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(weights.url)
-        raise RuntimeError(
+        raise MissingError(
             f"Could not download the pretrained {name} weights ({error}). Download {weights.url} on a "
             f"machine with internet and put it at {target} (TORCH_HOME moves that folder), "
             "or train from scratch with --model.pretrained=false."

@@ -16,6 +16,7 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
 
 from .data import ImageDataModule, auto_workers, usable_cpus
+from .errors import ConfigError
 from .model import ImageClassifier
 from .tune import TUNED_CONFIG, update_tuned_config
 
@@ -117,7 +118,7 @@ def benchmark_train(cli_args: list[str], steps: int, warmup: int) -> None:
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, cli.datamodule)
     if timer.elapsed == 0:
-        raise SystemExit(f"Too few training batches for {warmup} warm-up and {steps} timed steps: lower --steps.")
+        raise ConfigError(f"Too few training batches for {warmup} warm-up and {steps} timed steps: lower --steps.")
     trainer, per_process = cli.trainer, timer.images / timer.elapsed
     if not trainer.is_global_zero:
         return

@@ -14,6 +14,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from .errors import ConfigError, UserError
+
 
 class CheckpointOnSigterm(L.Callback):
     """Save last.ckpt when the process is asked to stop: a preemption, `scancel`, a pod eviction.
@@ -32,7 +34,7 @@ class CheckpointOnSigterm(L.Callback):
         rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}; resume with --ckpt_path auto")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     """A NaN or infinite training loss, raised before it reaches the weights."""
 
 
@@ -55,7 +57,7 @@ class StopOnNonFiniteLoss(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.skip_batches and isinstance(trainer.strategy, DeepSpeedStrategy):
             # DeepSpeed has reduced the gradients into its own buffers by then: zeroing ours skips nothing.
-            raise ValueError("skip_batches does not work under DeepSpeed: set it to false to stop at a NaN loss.")
+            raise ConfigError("skip_batches does not work under DeepSpeed: set it to false to stop at a NaN loss.")
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         self._batch_idx = batch_idx
@@ -93,6 +95,8 @@ class EndWithLauncher(L.Callback):
     Otherwise, when the launcher dies (the OOM killer, a SIGKILL), such a process keeps its GPU until
     its next collective times out: NCCL never notices a dead peer. (When a child dies instead,
     Lightning's launcher ends the others, and torchrun's agent and `srun --kill-on-bad-exit` do the same.)
+    The watch starts with the process, so it covers the rendezvous too, and ends with each stage's
+    collectives, after which the launcher may exit first.
 
     Args:
         poll_seconds: How often the process looks for its launcher.
@@ -100,38 +104,59 @@ class EndWithLauncher(L.Callback):
 
     def __init__(self, poll_seconds: float = 1.0) -> None:
         self.poll_seconds = poll_seconds
-        self._done = threading.Event()
+        # Read as the process starts: Lightning's launcher later sets LOCAL_RANK in rank 0 too.
+        self._launcher = os.getppid() if "LOCAL_RANK" in os.environ else None
+        self._done: threading.Event | None = None
+        self._watch()
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-        if trainer.local_rank == 0 and not torchrun:
-            return  # started by hand or by srun: the shell or SLURM ends it
-        launcher = "torchrun's agent" if torchrun else "local rank 0, which started this process,"
-        self._done = threading.Event()
-        args = (os.getppid(), launcher, trainer.local_rank, self._done)
-        threading.Thread(target=self._watch, args=args, name="launcher-watch", daemon=True).start()
+    def __getstate__(self) -> dict:
+        # A copy in another process (ddp_spawn pickles the Trainer) watches nothing: threads don't travel.
+        return self.__dict__ | {"_launcher": None, "_done": None}
 
-    def _watch(self, parent: int, launcher: str, local_rank: int, done: threading.Event) -> None:
+    def _watch(self) -> None:
+        if self._launcher is None or (self._done is not None and not self._done.is_set()):
+            return
+        self._done = threading.Event()
+        watch = threading.Thread(target=self._exit_without_launcher, args=(self._done,), name="launcher-watch")
+        watch.daemon = True
+        watch.start()
+
+    def _exit_without_launcher(self, done: threading.Event) -> None:
         while not done.wait(self.poll_seconds):
-            if os.getppid() != parent:
+            if os.getppid() != self._launcher:
+                torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+                launcher = "torchrun's agent" if torchrun else "local rank 0, which started this process,"
                 print(
-                    f"error: {launcher} (pid {parent}) has exited: local rank {local_rank} stops too, "
-                    "instead of waiting for it at the next collective.",
+                    f"error: {launcher} (pid {self._launcher}) has exited: local rank {os.environ['LOCAL_RANK']} "
+                    "stops too, instead of waiting for it at the next collective.",
                     file=sys.stderr,
                     flush=True,
                 )
                 os._exit(1)
 
-    # The stage's collectives are over: the launcher may now exit first.
+    def _stop(self) -> None:
+        if self._done is not None:
+            self._done.set()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._watch()  # again, for a later stage in the same process
+
+    # The stage's collectives are over (or abandoned): the launcher may now exit first.
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._done.set()
+        self._stop()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
-            self._done.set()
+            self._stop()
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._done.set()
+        self._stop()
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._done.set()
+        self._stop()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._stop()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._stop()

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .data import UnreadableImageError, build_eval_transform, image_files_under, normalize_images, read_rgb
+from .errors import MissingError
 from .model import ImageClassifier
 
 
@@ -22,7 +23,7 @@ def best_checkpoint(runs: Path) -> Path:
     """The best-scoring checkpoint (epochNNN-accX.XXXX.ckpt) of the newest run, else its last.ckpt."""
     lasts = sorted(runs.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
     if not lasts:
-        raise FileNotFoundError(f"No checkpoint under {runs}: train a model first, or pass --checkpoint.")
+        raise MissingError(f"No checkpoint under {runs}: train a model first, or pass --checkpoint.")
     folder = lasts[-1].parent
     scored = sorted(folder.glob("epoch*-acc*.ckpt"), key=lambda path: float(path.stem.rsplit("-acc", 1)[1]))
     return scored[-1] if scored else lasts[-1]
@@ -36,7 +37,7 @@ def image_files(inputs: list[Path]) -> list[Path]:
         elif given.is_file():
             found.append(given)
         else:
-            raise FileNotFoundError(f"{given} is neither an image file nor a folder.")
+            raise MissingError(f"{given} is neither an image file nor a folder.")
     return found
 
 

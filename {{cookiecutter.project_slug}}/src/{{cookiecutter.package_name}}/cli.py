@@ -12,15 +12,17 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import benchmark, classify, consolidate, curves, doctor, export, tune
 from .callbacks import EndWithLauncher
 from .data import ImageDataModule
-from .hardware import HardwareError, check_hardware
+from .errors import UserError, one_line, wants_traceback
+from .hardware import check_hardware
 from .model import ImageClassifier
-from .resume import resolve_resume
+from .resume import check_checkpoint, resolve_resume
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -41,7 +43,8 @@ TOOLS = {
 
 
 class SuggestingParser(LightningArgumentParser):
-    """Name the closest option when one is misspelt, on the command line or in a config file."""
+    """Tell a mistake in the options in one line, naming the closest option to a misspelt one, on the
+    command line or in a config file, and the file and line of a YAML syntax error."""
 
     def error(self, message: str, *args, **kwargs):
         wrong = re.search(r"unrecognized arguments: --([\w.]+)", message)
@@ -56,7 +59,12 @@ class SuggestingParser(LightningArgumentParser):
         close = difflib.get_close_matches(key, self._option_names(), n=3, cutoff=0.6) if key else []
         if close:
             message += f". Did you mean {' or '.join(close)}?"
-        super().error(message, *args, **kwargs)
+        if not self.exit_on_error or wants_traceback():
+            super().error(message, *args, **kwargs)  # with the usage, or raised for jsonargparse to handle
+        if message.startswith("Problems parsing config"):
+            message = yaml_syntax_error() or message
+        print(f"error: {condensed(message)}", file=sys.stderr)
+        sys.exit(2)
 
     def _option_names(self) -> list[str]:
         names = [option[2:] for option in self._option_string_actions if option.startswith("--")]
@@ -64,10 +72,42 @@ class SuggestingParser(LightningArgumentParser):
             for parser in (getattr(action, "choices", None) or {}).values():
                 if isinstance(parser, SuggestingParser):
                     names += parser._option_names()
-        return names
+        return list(dict.fromkeys(names))
+
+
+def condensed(message: str) -> str:
+    """jsonargparse's message on one line: `Parser key "data.batch_size":`, its first reason, and the
+    types and value it lists after that."""
+    message = re.sub(r"<class '([\w.]+)'>", r"\1", message)
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    head = re.sub(r'^Parser key "([\w.]+)":', r"--\1:", lines[0])
+    details = [line for line in lines[2:] if line.startswith(("Subtypes:", "Given value:"))]
+    return "; ".join([" ".join([head, *lines[1:2]]), *details])
+
+
+def yaml_syntax_error() -> str | None:
+    """The config file, line and problem of the YAML that does not parse, among the default configs
+    and those given with --config."""
+    given = [arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--config=")]
+    given += [sys.argv[i + 1] for i, arg in enumerate(sys.argv[:-1]) if arg == "--config"]
+    for path in [*map(str, DEFAULT_CONFIGS), *given]:
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except (OSError, UnicodeDecodeError):
+            continue
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            return f"{path}{where} is not valid YAML: {getattr(error, 'problem', None) or error}"
+    return None
 
 
 class ClassifierCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        # Always on, whatever callbacks a config lists: no process outlives its launcher.
+        kwargs.setdefault("trainer_defaults", {"callbacks": [EndWithLauncher()]})
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         # The model sizes its head from the data and scales its learning rate by the data's batch.
         parser.link_arguments("data.batch_size", "model.batch_size")
@@ -80,6 +120,12 @@ class ClassifierCLI(LightningCLI):
             help="float32 matrix multiplications: 'high' lets them use TF32 tensor cores on NVIDIA GPUs "
             "(Ampere and newer), several times faster at a precision training does not notice.",
         )
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # Before LightningCLI reads the checkpoint's hyperparameters with torch.load.
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        check_checkpoint(config.get("ckpt_path"))
 
     def before_instantiate_classes(self) -> None:
 {%- if cookiecutter.logger == "wandb" %}
@@ -96,7 +142,18 @@ class ClassifierCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
-    command = sys.argv[1:] if args is None else args
+    try:
+        run_command(sys.argv[1:] if args is None else args, args)
+    except UserError as error:
+        if wants_traceback():
+            raise
+        sys.exit(f"error: {one_line(error)}")
+    except SIGTERMException:
+        # Lightning ends a SIGTERM'd run with exit status 0; schedulers must not take it for a success.
+        sys.exit(128 + signal.SIGTERM)
+
+
+def run_command(command: list[str], args: list[str] | None) -> None:
     if command[:1] == ["doctor"]:
         sys.exit(doctor.main(command[1:], DEFAULT_CONFIGS))
     if command[:1] and command[0] in TOOLS:
@@ -105,13 +162,7 @@ def main(args: list[str] | None = None) -> None:
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())
         print(f"No {missing} in {Path.cwd()}: run from the project folder or pass --config.", file=sys.stderr)
-    try:
-        run_cli(defaults, args)
-    except HardwareError as error:
-        sys.exit(f"error: {error}")
-    except SIGTERMException:
-        # Lightning ends a SIGTERM'd run with exit status 0; schedulers must not take it for a success.
-        sys.exit(128 + signal.SIGTERM)
+    run_cli(defaults, args)
 
 
 def run_cli(defaults: list[str], args: list[str] | None) -> None:
@@ -119,15 +170,16 @@ def run_cli(defaults: list[str], args: list[str] | None) -> None:
         ImageClassifier,
         ImageDataModule,
         parser_class=SuggestingParser,
+        # No abbreviations: --model.backbon must not quietly mean --model.backbone.
         parser_kwargs={
-            command: {"default_config_files": defaults} for command in ("fit", "validate", "test", "predict")
-        },
+            command: {"default_config_files": defaults, "allow_abbrev": False}
+            for command in ("fit", "validate", "test", "predict")
+        }
+        | {"allow_abbrev": False},
 {%- if cookiecutter.logger == "wandb" %}
         save_config_callback=SaveConfigToRun,
 {%- endif %}
         # A resumed run writes its config.yaml again, into its own folder.
         save_config_kwargs={"overwrite": True},
-        # Always on, whatever callbacks a config lists: no process outlives its launcher.
-        trainer_defaults={"callbacks": [EndWithLauncher()]},
         args=args,
     )

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import DataError
+
 
 def consolidate(folder: Path, output: Path) -> None:
     if (folder / ".metadata").is_file():  # torch.distributed.checkpoint, as FSDP and FSDP2 write it
@@ -25,7 +27,7 @@ def consolidate(folder: Path, output: Path) -> None:
 
         convert_zero_checkpoint_to_fp32_state_dict(folder, output)
     else:
-        raise ValueError(
+        raise DataError(
             f"{folder} is not a sharded checkpoint folder (no .metadata file from FSDP/FSDP2, no `latest` "
             "file from DeepSpeed); a single-file checkpoint needs no consolidation."
         )

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from .errors import DataError, MissingError
+
 PANELS = {
     "loss": ("train/loss_step", "train/loss_epoch", "val/loss"),
     "accuracy": ("train/acc", "val/acc"),
@@ -22,7 +24,7 @@ PANELS = {
 def newest_run(runs: Path) -> Path:
     logged = [*runs.glob("**/metrics.csv"), *runs.glob("**/events.out.tfevents.*")]
     if not logged:
-        raise FileNotFoundError(
+        raise MissingError(
             f"No metrics.csv or TensorBoard events under {runs}: train with a CSV or TensorBoard logger."
         )
     return max(logged, key=os.path.getmtime).parent
@@ -54,7 +56,7 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], output: Path) -> lis
     }
     drawn_panels = {title: names for title, names in drawn_panels.items() if names}
     if not drawn_panels:
-        raise ValueError(f"None of the metrics {', '.join(sorted(series)) or '(none)'} is a loss, accuracy or rate.")
+        raise DataError(f"None of the metrics {', '.join(sorted(series)) or '(none)'} is a loss, accuracy or rate.")
     figure, axes = plt.subplots(1, len(drawn_panels), figsize=(5 * len(drawn_panels), 4), squeeze=False)
     for axis, (title, names) in zip(axes[0], drawn_panels.items(), strict=True):
         for name in names:

@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import normalize, pil_to_tensor, to_dtype
 
 from . import shapes
+from .errors import ConfigError, DataError, MissingError
 from .sharding import shards_weights
 
 # The statistics torchvision's pretrained weights expect; harmless when training from scratch.
@@ -45,11 +47,12 @@ class ImageDataModule(L.LightningDataModule):
         prefetch_factor: Batches each worker loads ahead.
         bad_images: What an unreadable (corrupt, truncated) image does: "skip" it with a warning
             that names the file, or stop with an "error" that names it.
-        worker_start_method: How data workers start. "forkserver" (spawn on Windows): each forks from
-            a clean single-threaded helper that imported this module once (about 2.5 s once per run).
-            A plain "fork" of a run that has threads (gloo, NCCL, loggers) can deadlock a worker
-            before its first batch; keep it for notebooks whose own classes workers must see.
-            With forkserver or spawn, a script of yours needs an `if __name__ == "__main__":` guard.
+        worker_start_method: How data workers start. "forkserver" (spawn on macOS and Windows): each
+            forks from a single-threaded helper process that imported this module once (about 2.5 s
+            and one more process holding torch, per training process). A plain "fork" of a run that
+            has threads (gloo, NCCL, loggers) can deadlock a worker before its first batch; keep it
+            for notebooks whose own classes the workers must see. With forkserver or spawn, a script
+            of yours that starts workers needs an `if __name__ == "__main__":` guard.
     """
 
     def __init__(
@@ -67,8 +70,16 @@ class ImageDataModule(L.LightningDataModule):
         worker_start_method: Literal["forkserver", "spawn", "fork"] = "forkserver",
     ) -> None:
         super().__init__()
+        counts = {"batch_size": batch_size, "image_size": image_size, "prefetch_factor": prefetch_factor}
+        for name, value in counts.items():
+            if value < 1:
+                raise ConfigError(f"data.{name} must be 1 or more, got {value}")
+        if num_workers != "auto" and num_workers < 0:
+            raise ConfigError(f"data.num_workers must be 0 or more (or auto), got {num_workers}")
         if not 0 < val_fraction < 1:
-            raise ValueError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+            raise ConfigError(f"data.val_fraction must be between 0 and 1, got {val_fraction}")
+        if not 0 < min_crop_scale <= 1:
+            raise ConfigError(f"data.min_crop_scale must be above 0 and at most 1, got {min_crop_scale}")
         self.save_hyperparameters()
         self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
         self.data_dir = Path(data_dir)
@@ -137,7 +148,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         if self.test_set is None:
-            raise FileNotFoundError(f"No test split: add {self.data_dir / 'test'} with one folder per class.")
+            raise MissingError(f"No test split: add {self.data_dir / 'test'} with one folder per class.")
         return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
 
     def _evaluation_sampler(self, dataset: Dataset) -> Sampler | None:
@@ -167,13 +178,13 @@ class ImageDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict) -> None:
         saved = state_dict.get("class_names")
         if saved is not None and saved != self.class_names:
-            raise ValueError(
+            raise DataError(
                 f"The checkpoint's data had the classes {saved} but {self.data_dir} has {self.class_names}."
             )
 
     def _train_dir(self) -> Path:
         if not self.data_dir.is_dir():
-            raise FileNotFoundError(
+            raise MissingError(
                 f"Data folder {self.data_dir} does not exist. Point --data.data_dir at a folder of class "
                 "folders (or of train/ and val/ folders of class folders), or set --data.synthetic=true "
                 "to draw the built-in shapes dataset there."
@@ -183,7 +194,7 @@ class ImageDataModule(L.LightningDataModule):
             return train_dir
         splits = [name for name in ("val", "test") if (self.data_dir / name).is_dir()]
         if splits:
-            raise ValueError(
+            raise DataError(
                 f"{self.data_dir} has {' and '.join(s + '/' for s in splits)} but no train/: move the training "
                 "class folders into train/, or the split folders out, so no image is both trained and tested on."
             )
@@ -222,12 +233,12 @@ class ImageDataModule(L.LightningDataModule):
 
 def worker_context(method: str) -> multiprocessing.context.BaseContext:
     """The multiprocessing context data workers start from (see ImageDataModule's worker_start_method)."""
-    if method not in multiprocessing.get_all_start_methods():
-        method = "spawn"  # Windows has neither fork nor a fork server
+    if method not in multiprocessing.get_all_start_methods() or (method == "forkserver" and sys.platform == "darwin"):
+        method = "spawn"  # Windows has no fork; on macOS, forking a process that loaded torch's frameworks can crash
     context = multiprocessing.get_context(method)
     if method == "forkserver":
-        # The server imports the main module (multiprocessing's default) and this one, once for all workers.
-        context.set_forkserver_preload(["__main__", __name__])
+        # The server imports this module (torch, torchvision, Lightning) once, for all the workers.
+        context.set_forkserver_preload([__name__])
     return context
 
 
@@ -244,7 +255,7 @@ def auto_workers(cpus: int, devices: int) -> int:
     return max(0, min(8, share - 1))
 
 
-class UnreadableImageError(ValueError):
+class UnreadableImageError(DataError):
     """An image file that cannot be decoded, named in the message."""
 
 
@@ -325,7 +336,7 @@ def normalize_images(images: torch.Tensor) -> torch.Tensor:
 def find_classes(folder: Path) -> list[str]:
     classes = _subfolders(folder)
     if len(classes) < 2:
-        raise ValueError(
+        raise DataError(
             f"{folder} has {len(classes)} class folder(s) ({', '.join(classes) or 'none'}); a classifier needs "
             "at least two: put each class's images in a folder of its own under it."
         )
@@ -336,7 +347,7 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     """Every image under `folder/<class>/`, labelled by the class's index in `classes`."""
     unknown = sorted(set(_subfolders(folder)) - set(classes))
     if unknown:
-        raise ValueError(f"{folder} has class folders the training data lacks: {', '.join(unknown)}")
+        raise DataError(f"{folder} has class folders the training data lacks: {', '.join(unknown)}")
     samples, empty = [], []
     for label, name in enumerate(classes):
         class_dir = folder / name
@@ -345,7 +356,7 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
             empty.append(name)
         samples += [(path, label) for path in paths]
     if empty:
-        raise ValueError(
+        raise DataError(
             f"No images ({', '.join(IMG_EXTENSIONS)}) in the class folder(s) {', '.join(empty)} of {folder}: "
             "add images or remove the folders."
         )

@@ -16,6 +16,7 @@ from torch import nn
 
 from .classify import data_options, image_files, image_size
 from .data import build_eval_transform, normalize_images, read_rgb
+from .errors import MissingError
 from .model import ImageClassifier
 
 # Exported and PyTorch probabilities may differ by float rounding, never by more than this.
@@ -37,7 +38,7 @@ def sample_images(sources: list[Path], side: int, count: int = 8) -> torch.Tenso
     """Up to `count` real images, resized and cropped as for evaluation, as one uint8 batch."""
     paths = image_files(sources)[:count]
     if not paths:
-        raise FileNotFoundError(f"no images in {', '.join(map(str, sources))}")
+        raise MissingError(f"no images in {', '.join(map(str, sources))}")
     transform = build_eval_transform(side)
     return torch.stack([transform(read_rgb(str(path))) for path in paths])
 

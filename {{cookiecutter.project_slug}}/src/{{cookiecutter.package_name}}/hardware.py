@@ -6,6 +6,8 @@ CPU) run on in slow float16 emulation.
 
 import torch
 
+from .errors import UserError
+
 # Strategies whose engines run on CUDA only. (FSDP2, configs/trainer/fsdp.yaml, also runs on CPU.)
 CUDA_ONLY = {
     "FSDPStrategy": "FSDP (configs/trainer/fsdp1.yaml)",
@@ -15,7 +17,7 @@ CUDA_ONLY = {
 REGISTERED = {"fsdp": "FSDPStrategy", "deepspeed": "DeepSpeedStrategy", "ddp": "DDPStrategy"}
 
 
-class HardwareError(RuntimeError):
+class HardwareError(UserError, RuntimeError):
     """A strategy or precision this machine cannot run; the message names the fix."""
 
 

@@ -20,7 +20,9 @@ class MeanPerImage(Metric):
         self.add_state("count", torch.tensor(0), dist_reduce_fx="sum")
 
     def update(self, values: torch.Tensor) -> None:
-        self.total += values.detach().sum(dtype=torch.float32)
+        # float32 whatever the model's precision: Lightning's bf16-true and 16-true cast the module,
+        # states included, and a bf16 sum of thousands of losses stops growing.
+        self.total = self.total.float() + values.detach().sum(dtype=torch.float32)
         self.count += values.numel()
 
     def compute(self) -> torch.Tensor:

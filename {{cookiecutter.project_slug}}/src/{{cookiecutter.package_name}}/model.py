@@ -15,7 +15,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from .backbone import build_backbone
+from .backbone import build_backbone, check_image_size
+from .errors import ConfigError, DataError
 from .metrics import MeanPerImage, classification_metrics
 from .reports import write_report
 from .sharding import fully_shard_blocks, shards_weights, share_buffers
@@ -64,7 +65,18 @@ class ImageClassifier(L.LightningModule):
     ) -> None:
         super().__init__()
         if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(f"num_classes={num_classes} but {len(class_names)} class names were given")
+            raise ConfigError(f"num_classes={num_classes} but {len(class_names)} class names were given")
+        below_one = "0 or more and below 1"
+        for name, value, allowed, wanted in [
+            ("lr", lr, lr >= 0, "0 or more"),
+            ("weight_decay", weight_decay, weight_decay >= 0, "0 or more"),
+            ("warmup_fraction", warmup_fraction, 0 <= warmup_fraction < 1, below_one),
+            ("label_smoothing", label_smoothing, 0 <= label_smoothing < 1, below_one),
+            ("batch_size", batch_size, batch_size >= 1, "1 or more"),
+            ("base_batch_size", base_batch_size, base_batch_size >= 1, "1 or more"),
+        ]:
+            if not allowed:
+                raise ConfigError(f"model.{name} must be {wanted}, got {value}")
         self.save_hyperparameters()
         self.backbone = build_backbone(backbone, num_classes, pretrained)
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
@@ -175,7 +187,7 @@ class ImageClassifier(L.LightningModule):
             optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr())
         total_steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(total_steps):
-            raise ValueError(
+            raise ConfigError(
                 "The learning-rate schedule needs the run's length: set trainer.max_epochs or trainer.max_steps."
             )
         warmup_steps = round(total_steps * self.hparams.warmup_fraction)
@@ -223,17 +235,20 @@ class ImageClassifier(L.LightningModule):
             monitor = getattr(callback, "monitor", None)
             if monitor and monitor not in logged:
                 close = difflib.get_close_matches(monitor, logged, n=3, cutoff=0.3)
-                raise ValueError(
+                raise ConfigError(
                     f"{type(callback).__name__} monitors {monitor!r}, which is never logged. "
                     f"Did you mean {' or '.join(repr(name) for name in close)}? Logged: {', '.join(logged)}"
                 )
         class_names = getattr(self.trainer.datamodule, "class_names", None)
         if class_names is not None and len(class_names) != self.hparams.num_classes:
-            raise ValueError(
+            raise DataError(
                 f"The model has {self.hparams.num_classes} classes but the data has {len(class_names)} "
                 f"({', '.join(class_names)}). Train a model on this data, or point --data.data_dir at data "
                 "with the model's classes."
             )
+        image_size = getattr(getattr(self.trainer.datamodule, "hparams", None), "image_size", None)
+        if image_size is not None:
+            check_image_size(self.backbone, self.hparams.backbone, image_size)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The weights are in the checkpoint: rebuilding the model from it must not download them.
@@ -242,7 +257,7 @@ class ImageClassifier(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         saved = checkpoint.get("hyper_parameters", {})
         if saved.get("class_names") and self.hparams.class_names and saved["class_names"] != self.hparams.class_names:
-            raise ValueError(
+            raise DataError(
                 f"The checkpoint was trained on the classes {saved['class_names']} but this model (and its "
                 f"data) has {self.hparams.class_names}. Use data with the checkpoint's classes, or train anew."
             )

@@ -5,12 +5,17 @@ every run gets a folder of its own; here `last` and `auto` search all of this pr
 """
 
 import os
+import zipfile
 from pathlib import Path
 
 from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
+from .errors import DataError, MissingError
+
 RESUME_WORDS = ("auto", "last")
+# What Lightning itself takes for ckpt_path besides a path.
+LIGHTNING_WORDS = ("best", "hpc", "registry")
 
 
 def resolve_resume(config: Namespace, subcommand: str) -> None:
@@ -23,7 +28,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> None:
     root, found = last_checkpoints(config, logger)
     if not found:
         if requested == "last":
-            raise FileNotFoundError(
+            raise MissingError(
                 f"--ckpt_path last: there is no */checkpoints/last.ckpt under {root}. "
                 "Use --ckpt_path auto to start a new run when there is none."
             )
@@ -39,6 +44,25 @@ def resolve_resume(config: Namespace, subcommand: str) -> None:
         else:
             logger.init_args.version = run
     rank_zero_info(f"--ckpt_path {requested}: resuming from {last}")
+
+
+def check_checkpoint(ckpt_path: str | None) -> None:
+    """Refuse a --ckpt_path that is no checkpoint, before anything reads it: torch.load would fail
+    with an error that names neither (`KeyError: 101`, `Unsupported operand 35`)."""
+    if ckpt_path is None or ckpt_path in RESUME_WORDS or str(ckpt_path).startswith(LIGHTNING_WORDS):
+        return
+    path = Path(ckpt_path)
+    if not path.exists():
+        raise MissingError(f"--ckpt_path {path}: no such file or folder.")
+    if path.is_dir():
+        if not ((path / ".metadata").is_file() or (path / "latest").is_file()):  # FSDP, FSDP2 or DeepSpeed shards
+            raise DataError(f"--ckpt_path {path} is a folder but not a sharded checkpoint (FSDP or DeepSpeed).")
+        return
+    if not zipfile.is_zipfile(path) or not any(name.endswith("data.pkl") for name in zipfile.ZipFile(path).namelist()):
+        raise DataError(
+            f"{path} is not a Lightning checkpoint: point --ckpt_path at a .ckpt file that training wrote "
+            "(runs/<project>/<run>/checkpoints/), or use --ckpt_path auto for the newest run's last.ckpt."
+        )
 
 
 def first_logger(config: Namespace) -> Namespace | None:

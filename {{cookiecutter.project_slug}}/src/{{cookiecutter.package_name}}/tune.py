@@ -6,7 +6,7 @@ lr: the learning-rate range test (Tuner.lr_find) over two decades either side of
 batch_size: the largest batch that fits in the GPU's memory (Tuner.scale_batch_size, doubling),
     up to a batch that still leaves each process 8 steps per epoch.
 Results go into configs/tuned.yaml, beside what `benchmark data` wrote there; train with it:
-`python -m {{ cookiecutter.package_name }} fit --config configs/tuned.yaml`.
+`python -m {{ cookiecutter.package_name }} fit --config configs/tuned.yaml`. The command exits with 1 when it writes nothing.
 """
 
 import argparse
@@ -81,6 +81,12 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
     rates, losses = finder.results["lr"], finder.results["loss"]
     found = suggest_lr(rates, losses)
     draw_lr_curve(rates, losses, current, found)
+    if found is None and len(rates) < steps:  # Lightning stops the test when the loss takes off
+        print(
+            f"The loss rose before it fell by {FALL:.0%}, from rate {rates[-1]:.3g} (curve: {LR_CURVE}): nothing "
+            "written; the current rate may already be near the highest that trains."
+        )
+        return 1
     if found is None:
         epoch = len(cli.datamodule.train_set) // (cli.datamodule.batch_size * trainer.world_size)
         print(
@@ -92,6 +98,8 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
     lr, now = float(f"{found * model.hparams.lr / current:.3g}"), model.hparams.lr
     ratio = lr / now
     where = f"{max(ratio, 1 / ratio):.1f}x {'above' if ratio > 1 else 'below'} the current {now:.3g}"
+    if lr == now:
+        where = "the current rate"
     how = f"Tuner.lr_find over {len(rates)} steps, a tenth of the lowest loss's rate"
     if not write:
         if not 1 / BAND <= found / current <= BAND * (1 + 1e-9):  # the top of the search is BAND above
@@ -107,10 +115,11 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
               f"the current {now:.3g} {loss_now:.4f} ({acc_now:.4f}).")  # fmt: skip
         if loss > loss_now:
             print(f"The current model.lr trains better: nothing written (range test curve: {LR_CURVE}).")
-            return 0
+            return 1
         how += f", then a val/loss of {loss:.4f} after {epochs} epochs against {loss_now:.4f} at {now:.3g}"
     update_tuned_config("model", "lr", lr, how)
     print(f"Learning rate: model.lr {lr:.3g} at base batch {model.hparams.base_batch_size}, {where}; curve: {LR_CURVE}")
+    print(f"Written to {TUNED_CONFIG}: python -m {{ cookiecutter.package_name }} fit --config {TUNED_CONFIG}")
     return 0
 
 
@@ -161,7 +170,7 @@ def find_batch_size(cli, max_trials: int) -> int:
     )
     print(
         f"Batch size: {found} per device, the largest of at most {doublings} doublings that fit "
-        f"(capped at {cap}: {MIN_STEPS_PER_EPOCH} steps per epoch)."
+        f"(capped at {cap}: {MIN_STEPS_PER_EPOCH} steps per epoch). Written to {TUNED_CONFIG}."
     )
     devices, accumulate = trainer.world_size, trainer.accumulate_grad_batches
     effective = int(found) * devices * accumulate
@@ -193,9 +202,5 @@ def main(args: list[str]) -> int:
     cli_args += ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]"]
     cli = build(cli_args)
     if options.what == "lr":
-        status = find_lr(cli, cli_args, options.steps, options.epochs, options.write)
-    else:
-        status = find_batch_size(cli, options.max_trials)
-    if status == 0 and TUNED_CONFIG.is_file():
-        print(f"Train with it: python -m {{ cookiecutter.package_name }} fit --config {TUNED_CONFIG}")
-    return status
+        return find_lr(cli, cli_args, options.steps, options.epochs, options.write)
+    return find_batch_size(cli, options.max_trials)

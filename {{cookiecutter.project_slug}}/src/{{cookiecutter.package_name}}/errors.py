@@ -1,0 +1,39 @@
+"""Mistakes in the options, the data or the files, which the command line tells in one line.
+
+`python -m {{ cookiecutter.package_name }}` prints any of these as `error: <message>`, with no traceback: the message
+names the problem and its fix. Set {{ cookiecutter.package_name | upper }}_TRACEBACK=1 to see the traceback anyway.
+Each class is also the built-in error it stands for, for code that catches that.
+"""
+
+import os
+
+TRACEBACK_VARIABLE = "{{ cookiecutter.package_name | upper }}_TRACEBACK"
+
+
+class UserError(Exception):
+    """A problem the user can fix, told by the message."""
+
+
+class ConfigError(UserError, ValueError):
+    """Options that cannot work, alone or together."""
+
+
+class DataError(UserError, ValueError):
+    """Data whose folders, classes or images cannot be used as they are."""
+
+
+class MissingError(UserError, FileNotFoundError):
+    """A file or folder that is not where the options say."""
+
+
+def wants_traceback() -> bool:
+    return os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
+
+
+def one_line(error: BaseException) -> str:
+    """The message of `error`, without the traceback that torch adds when it re-raises an error of a
+    data-loading worker ("Caught ... in DataLoader worker process 0. Original Traceback ...")."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and "Original Traceback" in lines[1]:
+        return lines[-1].split(": ", 1)[-1]
+    return " ".join(line.strip() for line in lines)

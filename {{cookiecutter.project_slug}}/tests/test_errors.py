@@ -1,0 +1,68 @@
+"""Every mistake in the options, the data or the files ends in one line, `error: <problem and fix>`."""
+
+import shutil
+import sys
+
+import pytest
+from conftest import ON_CPU, refusal
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError
+
+
+def fit(data_dir, *args: str) -> list[str]:
+    data = [f"--data.data_dir={data_dir}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=4"]
+    return ["fit", *ON_CPU, "--trainer.fast_dev_run=true", *data, *args]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--data.image_size=-5"], "data.image_size must be 1 or more, got -5"),
+        (["--data.batch_size=0"], "data.batch_size must be 1 or more, got 0"),
+        (["--data.val_fraction=1.5"], "data.val_fraction must be between 0 and 1"),
+        (["--model.warmup_fraction=1"], "model.warmup_fraction must be 0 or more and below 1"),
+        (["--model.backbone=resnet81"], "Unknown backbone 'resnet81'. Closest torchvision classification models: res"),
+        (["--model.backbone=vit_b_16", "--data.image_size=64"], "vit_b_16 cannot take 64-pixel images"),
+        (["--model.backbone=inception_v3", "--data.image_size=64"], "use --data.image_size 75."),
+        (["--ckpt_path=last"], "--ckpt_path last: there is no */checkpoints/last.ckpt"),
+        (["--ckpt_path=configs/default.yaml"], "configs/default.yaml is not a Lightning checkpoint"),
+        (["--data.batch_size=many"], "error: --data.batch_size: Expected a int. Got value: many"),
+        (["--model.nonsense=1"], "unrecognized arguments: --model.nonsense=1. Did you mean"),
+        (["--model.backbon=resnet18"], "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone"),
+    ],
+)
+def test_bad_options_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, expected):
+    assert expected in refusal(monkeypatch, capsys, *fit(tiny_shapes, *options))
+
+
+def test_a_misspelt_option_in_a_config_file_is_named_once(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    (in_project_copy / "mine.yaml").write_text("model:\n  backbon: resnet18\n")
+    message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml"))
+    assert message.endswith("does not accept option 'model.backbon'. Did you mean model.backbone or model.batch_size?")
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    (in_project_copy / "mine.yaml").write_text("model:\n  backbone: resnet18\ndata: [1, 2\n")
+    message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml"))
+    assert message.startswith("error: mine.yaml line 4, column 1 is not valid YAML:")
+
+
+@pytest.mark.parametrize("layout", ["missing", "one class", "empty class"])
+def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, tmp_path, layout):
+    data = tmp_path / "data"
+    if layout == "one class":
+        shutil.copytree(tiny_shapes / "train" / "circle", data / "circle")
+    elif layout == "empty class":
+        shutil.copytree(tiny_shapes / "train", data)
+        shutil.rmtree(data / "circle")
+        (data / "circle").mkdir()
+    expected = {"missing": "does not exist", "one class": "needs at least two", "empty class": "No images"}[layout]
+    assert expected in refusal(monkeypatch, capsys, *fit(data))
+
+
+def test_the_traceback_is_there_when_asked_for(monkeypatch, in_project_copy, tiny_shapes):
+    monkeypatch.setenv(TRACEBACK_VARIABLE, "1")
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *fit(tiny_shapes, "--data.batch_size=0")])
+    with pytest.raises(ConfigError, match="data.batch_size must be 1 or more"):
+        main()
