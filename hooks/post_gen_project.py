@@ -10,6 +10,7 @@ from __future__ import annotations  # cookiecutter may run under a Python older 
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -200,7 +201,7 @@ def package_index_unreachable() -> str | None:
 def install_hint(choice: str) -> str:
     if choice == "uv":
         return "uv venv && uv pip install -e '.[dev]'"
-    return "python -m venv .venv && .venv/bin/python -m pip install -e '.[dev]'"
+    return "python3 -m venv .venv && .venv/bin/python -m pip install -e '.[dev]'"
 
 
 def smoke_test(python: str) -> None:
@@ -314,13 +315,16 @@ def report_failure(what: str, failure: StepFailed, smoke_test_ran: bool) -> None
 
 
 def print_next_steps(python: str | None) -> None:
-    activate = {VENV_PYTHON: ". .venv/bin/activate && ", sys.executable: "PYTHONPATH=src "}.get(python, "")
+    if python == sys.executable:  # setup_env=current: the Python that ran cookiecutter, which `python` may not be
+        run = f"PYTHONPATH=src {shlex.quote(python)} -m"
+    else:  # the project's .venv, made now or by the line below; Debian and Ubuntu have no `python` outside it
+        run = ". .venv/bin/activate && python -m"
     print(f"\nNext:\n  cd {Path.cwd()}")
     if not python:
         print(f"  {install_hint(ANSWERS['setup_env'])}")
-    print(f"  {activate}python -m {PACKAGE} doctor")
-    print(f"  {activate}python -m {PACKAGE} fit")
-    print(f"  {activate}pytest")
+    print(f"  {run} {PACKAGE} doctor")
+    print(f"  {run} {PACKAGE} fit")
+    print(f"  {run} pytest")
 
 
 def say(message: str) -> None:

@@ -40,6 +40,14 @@ def test_environment_and_smoke_test_are_skipped_without_a_person(tmp_path, env, 
     assert "uv venv && uv pip install -e '.[dev]'" in result.stdout
 
 
+def test_next_steps_run_without_a_python_command(tmp_path):
+    # Debian and Ubuntu have python3 but no `python` outside an activated environment.
+    result = generate(tmp_path, {"CI": "true"}, setup_env="venv", smoke_test="yes")
+    steps = result.stdout.split("Next:")[1].splitlines()[2:]
+    assert steps[0].strip() == "python3 -m venv .venv && .venv/bin/python -m pip install -e '.[dev]'"
+    assert all(step.strip().startswith(". .venv/bin/activate && python -m ") for step in steps[1:] if step.strip())
+
+
 def test_a_template_update_in_a_temporary_folder_runs_nothing_heavy():
     with tempfile.TemporaryDirectory() as folder:  # where cruft re-renders the template
         # Even when forced: cruft would diff a .venv and runs/ into the project.
@@ -92,7 +100,7 @@ def test_current_python_runs_the_smoke_test(tmp_path):
     assert list(project.glob("runs/smoke-test/version_*/checkpoints/last.ckpt"))
     assert f"Full log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
     assert "Ran fast_dev_run on accelerator auto, devices 1, strategy auto, precision bf16-mixed" in result.stdout
-    assert "PYTHONPATH=src python -m image_classifier fit" in result.stdout
+    assert f"PYTHONPATH=src {sys.executable} -m image_classifier fit" in result.stdout
 
 
 @pytest.mark.slow

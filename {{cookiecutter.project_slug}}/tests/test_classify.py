@@ -5,6 +5,7 @@ import shutil
 import sys
 
 import pytest
+from conftest import refusal
 
 from {{ cookiecutter.package_name }}.classify import image_files
 from {{ cookiecutter.package_name }}.cli import main
@@ -45,9 +46,15 @@ def test_the_default_checkpoint_is_the_newest_runs_best(monkeypatch, trained, ti
 
 
 def test_without_a_checkpoint_it_says_to_train_first(monkeypatch, capsys, in_project_copy, tiny_shapes):
-    with pytest.raises(SystemExit):
-        run_cli(monkeypatch, "classify", str(tiny_shapes / "test"))
-    assert "train a model first, or pass --checkpoint" in capsys.readouterr().err
+    message = refusal(monkeypatch, capsys, "classify", str(tiny_shapes / "test"))
+    assert "train a model first, or pass --checkpoint" in message
+
+
+def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    (tmp_path / "empty" / "notes.txt").write_text("no images here")
+    capsys.readouterr()  # the training's output
+    assert "No images (.jpg" in refusal(monkeypatch, capsys, "classify", str(tmp_path / "empty"))
 
 
 def test_images_in_a_folder_under_a_hidden_one_are_found(tiny_shapes, tmp_path):

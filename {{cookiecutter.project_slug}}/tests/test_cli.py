@@ -30,6 +30,13 @@ def on_data(data_dir: Path) -> list[str]:
 
 def test_fast_dev_run_through_the_command_line(monkeypatch, in_project_copy, tiny_shapes):
     run_cli(monkeypatch, "fit", "--trainer.fast_dev_run=true", *ON_CPU, *on_data(tiny_shapes))
+
+
+def test_the_progress_bar_switches_off(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    # The recipe lists a RichProgressBar, which Lightning refuses beside enable_progress_bar=false.
+    run_cli(monkeypatch, "fit", "--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false", *ON_CPU,
+            *on_data(tiny_shapes))  # fmt: skip
+    assert "Epoch 0" not in capsys.readouterr().out  # what the progress bar would print
     assert not (in_project_copy / "runs").exists(), "fast_dev_run should write nothing"
 
 

@@ -58,6 +58,7 @@ def test_on_the_shapes_data_the_default_rate_is_kept(monkeypatch, capsys, in_pro
     assert "The loss never fell by 5% in the 100 steps of the range test" in capsys.readouterr().out
     assert "model" not in tuned(in_project_copy)
     assert (in_project_copy / "runs" / "tune" / "lr_find.png").is_file()
+    assert not (in_project_copy / "reports").exists(), "a tuning run keeps no report"
 
 
 def test_a_suggestion_that_trains_better_is_written(monkeypatch, in_project_copy, tmp_path):

@@ -13,9 +13,10 @@ import warnings
 from pathlib import Path
 
 import torch
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from .data import UnreadableImageError, build_eval_transform, image_files_under, normalize_images, read_rgb
-from .errors import MissingError
+from .errors import DataError, MissingError
 from .model import ImageClassifier
 
 
@@ -33,7 +34,10 @@ def image_files(inputs: list[Path]) -> list[Path]:
     found = []
     for given in inputs:
         if given.is_dir():  # the same walk as the training data's: hidden files and folders skipped
-            found += sorted(Path(path) for path in image_files_under(given))
+            images = sorted(Path(path) for path in image_files_under(given))
+            if not images:
+                raise MissingError(f"No images ({', '.join(IMG_EXTENSIONS)}) in {given} or its folders.")
+            found += images
         elif given.is_file():
             found.append(given)
         else:
@@ -86,13 +90,10 @@ def main(args: list[str]) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     options = parser.parse_args(args)
 
-    try:
-        checkpoint = options.checkpoint or best_checkpoint(options.runs)
-        paths = image_files(options.images)
-    except FileNotFoundError as error:
-        parser.error(str(error))
+    checkpoint = options.checkpoint or best_checkpoint(options.runs)
+    paths = image_files(options.images)
     if checkpoint.is_dir():
-        parser.error(f"{checkpoint} is a sharded checkpoint: make it one file with `consolidate` first.")
+        raise DataError(f"{checkpoint} is a sharded checkpoint: make it one file with `consolidate` first.")
     model = ImageClassifier.load_from_checkpoint(checkpoint, map_location=options.device, weights_only=True).eval()
     rows = classify(model, paths, image_size(data_options(checkpoint)), options.batch_size, options.top_k)
 

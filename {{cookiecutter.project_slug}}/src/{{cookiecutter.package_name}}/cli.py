@@ -138,6 +138,10 @@ class ClassifierCLI(LightningCLI):
             # cuDNN tries its convolution algorithms once per input shape and keeps the fastest; that
             # choice is not reproducible, so deterministic runs keep the default algorithms.
             config.trainer.benchmark = config.trainer.deterministic in (None, False)
+        if config.trainer.enable_progress_bar is False and config.trainer.callbacks:
+            # The recipe lists a progress bar, which Lightning refuses beside enable_progress_bar=false.
+            bars = [c for c in config.trainer.callbacks if str(c.get("class_path", "")).endswith("ProgressBar")]
+            config.trainer.callbacks = [c for c in config.trainer.callbacks if c not in bars]
         resolve_resume(config, self.subcommand)
 
 

@@ -10,15 +10,20 @@ import lightning as L
 import matplotlib.pyplot as plt
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers.logger import DummyLogger
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 
-def report_folder(trainer: L.Trainer) -> Path:
-    """The run's folder (beside checkpoints/), where the run's other files are."""
+def report_folder(trainer: L.Trainer) -> Path | None:
+    """The run's folder (beside checkpoints/), where the run's other files are; None for a run that
+    keeps nothing, neither checkpoints nor logs (a tuning run, a check), which writes no report."""
     checkpoint = trainer.checkpoint_callback
     if checkpoint is not None and checkpoint.dirpath:
         return Path(checkpoint.dirpath).parent / "reports"
-    return Path(trainer.log_dir or trainer.default_root_dir) / "reports"
+    # Lightning's finders log to a DummyLogger, which keeps nothing.
+    if any(not isinstance(logger, DummyLogger) for logger in trainer.loggers):
+        return Path(trainer.log_dir or trainer.default_root_dir) / "reports"
+    return None
 
 
 def per_class_accuracy(matrix: torch.Tensor) -> list[float]:
@@ -33,6 +38,8 @@ def write_report(trainer: L.Trainer, metric: MulticlassConfusionMatrix, class_na
     if not trainer.is_global_zero or trainer.sanity_checking or trainer.fast_dev_run:
         return
     folder = report_folder(trainer)
+    if folder is None:
+        return
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / f"per_class_accuracy_{stage}.csv").open("w", newline="") as file:
         writer = csv.writer(file)
