@@ -4,6 +4,7 @@ started the ways a cluster starts them: Lightning's launcher, torchrun, and SLUR
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -197,15 +198,16 @@ def test_a_process_whose_launcher_is_killed_stops_at_once(in_project_copy, tiny_
 
 def test_a_hung_process_ends_the_run_after_the_collective_timeout(in_project_copy, tiny_shapes):
     # Rank 0 hangs at a step; rank 1 waits for it at its next gradient all-reduce for the preset's
-    # timeout (here 5 s), fails, and Lightning's launcher then ends rank 0.
+    # timeout (here 15 s), fails, and Lightning's launcher then ends rank 0.
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", "--config=configs/trainer/ddp.yaml",
-               *ON_CPU, "--trainer.devices=2", "--trainer.strategy.init_args.timeout=0:00:05", *SHORT, *CSV_LOGGER,
+               *ON_CPU, "--trainer.devices=2", "--trainer.strategy.init_args.timeout=0:00:15", *SHORT, *CSV_LOGGER,
                *data(tiny_shapes), hold(0, in_project_copy / "held")]  # fmt: skip
     started = time.monotonic()
     result = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
     assert result.returncode != 0
     assert time.monotonic() - started < 100, "the run outlived the hung process's 120 s hold"
-    assert "[rank: 1] Child process" in result.stderr and "terminated with code 1" in result.stderr
+    # Named by Lightning's launcher, or by rank 1 when a busy machine lets rank 0 go first.
+    assert re.search(r"\[rank: 1\] Child process with PID \d+ terminated|local rank 1 stops too", result.stderr)
 
 
 def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_copy, uneven_shapes):

@@ -144,6 +144,12 @@ class ClassifierCLI(LightningCLI):
             config.trainer.callbacks = [c for c in config.trainer.callbacks if c not in bars]
         resolve_resume(config, self.subcommand)
 
+    def check_run(self) -> None:
+        # As the model's setup does, but before the trainer starts its loggers (W&B's lines).
+        self.model.check_run(self.trainer.callbacks, self.datamodule)
+
+    before_fit = before_validate = before_test = before_predict = check_run
+
 
 def main(args: list[str] | None = None) -> None:
     try:

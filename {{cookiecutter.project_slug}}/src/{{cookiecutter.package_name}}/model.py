@@ -88,6 +88,7 @@ class ImageClassifier(L.LightningModule):
         self.val_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self.test_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self._compiled = False
+        self._size_checked: int | None = None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.backbone(images.contiguous(memory_format=self._memory_format))
@@ -229,9 +230,13 @@ class ImageClassifier(L.LightningModule):
         return names
 
     def setup(self, stage: str) -> None:
-        # A misspelt monitored metric would otherwise fail only after the first epoch.
+        self.check_run(self.trainer.callbacks, self.trainer.datamodule)
+
+    def check_run(self, callbacks: list, datamodule) -> None:
+        """Refuse what would fail only later: a monitored metric that is never logged (after the first
+        epoch), data with other classes, an image size the backbone cannot take (after loading data)."""
         logged = self.logged_metrics()
-        for callback in self.trainer.callbacks:
+        for callback in callbacks:
             monitor = getattr(callback, "monitor", None)
             if monitor and monitor not in logged:
                 close = difflib.get_close_matches(monitor, logged, n=3, cutoff=0.3)
@@ -239,16 +244,17 @@ class ImageClassifier(L.LightningModule):
                     f"{type(callback).__name__} monitors {monitor!r}, which is never logged. "
                     f"Did you mean {' or '.join(repr(name) for name in close)}? Logged: {', '.join(logged)}"
                 )
-        class_names = getattr(self.trainer.datamodule, "class_names", None)
+        class_names = getattr(datamodule, "class_names", None)
         if class_names is not None and len(class_names) != self.hparams.num_classes:
             raise DataError(
                 f"The model has {self.hparams.num_classes} classes but the data has {len(class_names)} "
                 f"({', '.join(class_names)}). Train a model on this data, or point --data.data_dir at data "
                 "with the model's classes."
             )
-        image_size = getattr(getattr(self.trainer.datamodule, "hparams", None), "image_size", None)
-        if image_size is not None:
+        image_size = getattr(getattr(datamodule, "hparams", None), "image_size", None)
+        if image_size is not None and image_size != self._size_checked:  # one dry forward is enough
             check_image_size(self.backbone, self.hparams.backbone, image_size)
+            self._size_checked = image_size
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The weights are in the checkpoint: rebuilding the model from it must not download them.
