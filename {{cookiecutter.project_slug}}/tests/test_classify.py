@@ -50,6 +50,11 @@ def test_without_a_checkpoint_it_says_to_train_first(monkeypatch, capsys, in_pro
     assert "train a model first, or pass --checkpoint" in message
 
 
+def test_a_missing_checkpoint_is_named(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    message = refusal(monkeypatch, capsys, "classify", str(tiny_shapes / "test"), "--checkpoint=gone.ckpt")
+    assert message == "error: --checkpoint gone.ckpt: no such file or folder."
+
+
 def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path):
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     (tmp_path / "empty" / "notes.txt").write_text("no images here")

@@ -4,10 +4,12 @@ import shutil
 import sys
 
 import pytest
+import torch
 from conftest import ON_CPU, refusal
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError
+from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
+from {{ cookiecutter.package_name }}.resume import check_checkpoint
 
 
 def fit(data_dir, *args: str) -> list[str]:
@@ -30,6 +32,7 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--data.batch_size=many"], "error: --data.batch_size: Expected a int. Got value: many"),
         (["--model.nonsense=1"], "unrecognized arguments: --model.nonsense=1. Did you mean"),
         (["--model.backbon=resnet18"], "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone"),
+        (["--trainer.max_epochs=x"], "--trainer.max_epochs: Does not validate against any of the Union subtypes; - "),
     ],
 )
 def test_bad_options_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, expected):
@@ -42,10 +45,27 @@ def test_a_misspelt_option_in_a_config_file_is_named_once(monkeypatch, capsys, i
     assert message.endswith("does not accept option 'model.backbon'. Did you mean model.backbone or model.batch_size?")
 
 
-def test_a_yaml_syntax_error_names_the_file_and_line(monkeypatch, capsys, in_project_copy, tiny_shapes):
+@pytest.mark.parametrize("option", [["--config=mine.yaml"], ["-c", "mine.yaml"]])
+def test_a_yaml_syntax_error_names_the_file_and_line(monkeypatch, capsys, in_project_copy, tiny_shapes, option):
     (in_project_copy / "mine.yaml").write_text("model:\n  backbone: resnet18\ndata: [1, 2\n")
-    message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml"))
+    message = refusal(monkeypatch, capsys, *fit(tiny_shapes, *option))
     assert message.startswith("error: mine.yaml line 4, column 1 is not valid YAML:")
+
+
+def test_the_tools_take_options_whole_too(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    message = refusal(monkeypatch, capsys, "tune", "lr", *ON_CPU, "--model.backbon=resnet18")
+    assert "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone" in message
+
+
+def test_checkpoint_paths_are_checked_before_anything_reads_them(tmp_path):
+    check_checkpoint("s3://bucket/run/last.ckpt")  # remote: Lightning reads it through fsspec
+    check_checkpoint("best")
+    weights_only = tmp_path / "weights.pt"
+    torch.save({"fc.weight": torch.zeros(2)}, weights_only)
+    with pytest.raises(DataError, match="weights.pt is not a Lightning checkpoint"):
+        check_checkpoint(str(weights_only))
+    with pytest.raises(MissingError, match="no such file"):
+        check_checkpoint(str(tmp_path / "best_model.ckpt"))
 
 
 @pytest.mark.parametrize("layout", ["missing", "one class", "empty class"])

@@ -63,6 +63,8 @@ def test_an_exception_in_one_process_ends_every_process(in_project_copy, tiny_sh
 
 def test_every_trainer_has_the_launcher_watch_and_can_be_pickled(monkeypatch, in_project_copy):
     # ddp_spawn pickles the Trainer, callbacks included, into the processes it starts.
+    monkeypatch.setenv("LOCAL_RANK", "0")  # as Lightning's launcher sets it in its own process, rank 0
+    assert EndWithLauncher()._launcher is None
     monkeypatch.setenv("LOCAL_RANK", "1")  # as in a process that Lightning's launcher started
     trainer = build([*ON_CPU, "--trainer.logger=false"]).trainer
     (watch,) = [callback for callback in trainer.callbacks if isinstance(callback, EndWithLauncher)]

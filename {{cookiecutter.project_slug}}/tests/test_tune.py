@@ -55,7 +55,7 @@ def test_on_the_shapes_data_the_default_rate_is_kept(monkeypatch, capsys, in_pro
     # scratch on the shapes has not started to learn within the range test, and the test says so.
     options, _ = shapes_and_two_epochs(tmp_path, 2e-3)
     run_command(monkeypatch, "tune", "lr", "--steps=100", "--epochs=2", *options, status=1)
-    assert "The loss never fell by 5% in the 100 steps of the range test" in capsys.readouterr().out
+    assert "The loss never fell by 5% in the range test (curve: runs/tune/lr_find.png)" in capsys.readouterr().out
     assert "model" not in tuned(in_project_copy)
     assert (in_project_copy / "runs" / "tune" / "lr_find.png").is_file()
     assert not (in_project_copy / "reports").exists(), "a tuning run keeps no report"

@@ -47,15 +47,18 @@ def check_image_size(model: nn.Module, name: str, size: int) -> None:
 
 def _refusal(model: nn.Module, size: int) -> str | None:
     """Why `model` fails on one blank size x size image, or None when it does not."""
-    training = model.training
+    modes = {module: module.training for module in model.modules()}  # a user's frozen layers stay in eval
     parameter = next(model.parameters())
     try:
         with torch.no_grad():
             model.eval()(torch.zeros(1, 3, size, size, device=parameter.device, dtype=parameter.dtype))
-    except (RuntimeError, ValueError, AssertionError) as error:
-        return str(error).splitlines()[0][:200]
+    except torch.OutOfMemoryError:
+        raise  # not a matter of size: the run would fail the same way
+    except (RuntimeError, ValueError, AssertionError) as error:  # what layers raise for a shape they cannot take
+        return (str(error).splitlines() or [type(error).__name__])[0][:200]
     finally:
-        model.train(training)
+        for module, training in modes.items():
+            module.training = training
     return None
 
 

@@ -104,13 +104,16 @@ class EndWithLauncher(L.Callback):
 
     def __init__(self, poll_seconds: float = 1.0) -> None:
         self.poll_seconds = poll_seconds
-        # Read as the process starts: Lightning's launcher later sets LOCAL_RANK in rank 0 too.
-        self._launcher = os.getppid() if "LOCAL_RANK" in os.environ else None
+        # Lightning's launcher sets LOCAL_RANK in the processes it starts, and 0 in its own (rank 0,
+        # which a person or a scheduler started); torchrun in all of its workers.
+        launched = os.environ.get("LOCAL_RANK", "0") != "0" or "TORCHELASTIC_RUN_ID" in os.environ
+        self._launcher = os.getppid() if launched else None
         self._done: threading.Event | None = None
         self._watch()
 
     def __getstate__(self) -> dict:
-        # A copy in another process (ddp_spawn pickles the Trainer) watches nothing: threads don't travel.
+        # A copy in another process (ddp_spawn pickles the Trainer) watches nothing: threads don't travel,
+        # and multiprocessing ends spawned processes with their parent.
         return self.__dict__ | {"_launcher": None, "_done": None}
 
     def _watch(self) -> None:

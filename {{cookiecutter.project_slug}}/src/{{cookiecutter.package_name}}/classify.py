@@ -18,6 +18,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from .data import UnreadableImageError, build_eval_transform, image_files_under, normalize_images, read_rgb
 from .errors import DataError, MissingError
 from .model import ImageClassifier
+from .resume import check_checkpoint
 
 
 def best_checkpoint(runs: Path) -> Path:
@@ -90,6 +91,8 @@ def main(args: list[str]) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     options = parser.parse_args(args)
 
+    if options.checkpoint is not None:
+        check_checkpoint(str(options.checkpoint), "--checkpoint")
     checkpoint = options.checkpoint or best_checkpoint(options.runs)
     paths = image_files(options.images)
     if checkpoint.is_dir():

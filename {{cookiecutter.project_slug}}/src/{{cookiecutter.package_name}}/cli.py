@@ -31,6 +31,9 @@ from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 # preset chosen when the project was generated, then the recipe; --config files given on the
 # command line come after both and win (--config configs/trainer/fsdp.yaml switches the hardware).
 DEFAULT_CONFIGS = [Path("configs/trainer/{{ cookiecutter.__trainer_preset }}.yaml"), Path("configs/default.yaml")]
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# The command line being run.
+GIVEN: list[str] = []
 # This project's commands beside LightningCLI's fit, validate, test and predict (and doctor).
 TOOLS = {
     "benchmark": benchmark.main,
@@ -81,15 +84,17 @@ def condensed(message: str) -> str:
     message = re.sub(r"<class '([\w.]+)'>", r"\1", message)
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     head = re.sub(r'^Parser key "([\w.]+)":', r"--\1:", lines[0])
-    details = [line for line in lines[2:] if line.startswith(("Subtypes:", "Given value:"))]
+    # The reasons of a union's subtypes ("- Option 'y' is not accepted"), and the value given.
+    details = [line for line in lines[2:] if line.startswith(("- ", "Given value:"))]
     return "; ".join([" ".join([head, *lines[1:2]]), *details])
 
 
 def yaml_syntax_error() -> str | None:
     """The config file, line and problem of the YAML that does not parse, among the default configs
     and those given with --config."""
-    given = [arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--config=")]
-    given += [sys.argv[i + 1] for i, arg in enumerate(sys.argv[:-1]) if arg == "--config"]
+    command = GIVEN or sys.argv[1:]
+    given = [arg.split("=", 1)[1] for arg in command if arg.startswith(("--config=", "-c="))]
+    given += [command[i + 1] for i, arg in enumerate(command[:-1]) if arg in ("--config", "-c")]
     for path in [*map(str, DEFAULT_CONFIGS), *given]:
         try:
             yaml.safe_load(Path(path).read_text())
@@ -103,10 +108,19 @@ def yaml_syntax_error() -> str | None:
 
 
 class ClassifierCLI(LightningCLI):
-    def __init__(self, *args, **kwargs) -> None:
+    """LightningCLI with this project's parser rules and launcher watch, for every command that builds one."""
+
+    def __init__(self, *args, parser_kwargs: dict | None = None, trainer_defaults: dict | None = None, **kwargs):
+        # No abbreviations, on the main parser and each subcommand's: --model.backbon must not quietly
+        # mean --model.backbone.
+        parser_kwargs = {"allow_abbrev": False} | {
+            command: {"allow_abbrev": False} | (parser_kwargs or {}).get(command, {}) for command in SUBCOMMANDS
+        }
         # Always on, whatever callbacks a config lists: no process outlives its launcher.
-        kwargs.setdefault("trainer_defaults", {"callbacks": [EndWithLauncher()]})
-        super().__init__(*args, **kwargs)
+        trainer_defaults = dict(trainer_defaults or {})
+        trainer_defaults["callbacks"] = [*trainer_defaults.get("callbacks", []), EndWithLauncher()]
+        kwargs.setdefault("parser_class", SuggestingParser)
+        super().__init__(*args, parser_kwargs=parser_kwargs, trainer_defaults=trainer_defaults, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         # The model sizes its head from the data and scales its learning rate by the data's batch.
@@ -164,6 +178,7 @@ def main(args: list[str] | None = None) -> None:
 
 
 def run_command(command: list[str], args: list[str] | None) -> None:
+    GIVEN[:] = command  # for the messages of parse errors, which see no arguments
     if command[:1] == ["doctor"]:
         sys.exit(doctor.main(command[1:], DEFAULT_CONFIGS))
     if command[:1] and command[0] in TOOLS:
@@ -179,13 +194,7 @@ def run_cli(defaults: list[str], args: list[str] | None) -> None:
     ClassifierCLI(
         ImageClassifier,
         ImageDataModule,
-        parser_class=SuggestingParser,
-        # No abbreviations: --model.backbon must not quietly mean --model.backbone.
-        parser_kwargs={
-            command: {"default_config_files": defaults, "allow_abbrev": False}
-            for command in ("fit", "validate", "test", "predict")
-        }
-        | {"allow_abbrev": False},
+        parser_kwargs={command: {"default_config_files": defaults} for command in SUBCOMMANDS},
 {%- if cookiecutter.logger == "wandb" %}
         save_config_callback=SaveConfigToRun,
 {%- endif %}

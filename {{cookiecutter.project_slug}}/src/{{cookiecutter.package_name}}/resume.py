@@ -8,6 +8,7 @@ import os
 import zipfile
 from pathlib import Path
 
+import torch
 from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -16,6 +17,7 @@ from .errors import DataError, MissingError
 RESUME_WORDS = ("auto", "last")
 # What Lightning itself takes for ckpt_path besides a path.
 LIGHTNING_WORDS = ("best", "hpc", "registry")
+REMOTE = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "hf://")
 
 
 def resolve_resume(config: Namespace, subcommand: str) -> None:
@@ -46,23 +48,33 @@ def resolve_resume(config: Namespace, subcommand: str) -> None:
     rank_zero_info(f"--ckpt_path {requested}: resuming from {last}")
 
 
-def check_checkpoint(ckpt_path: str | None) -> None:
+def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None:
     """Refuse a --ckpt_path that is no checkpoint, before anything reads it: torch.load would fail
     with an error that names neither (`KeyError: 101`, `Unsupported operand 35`)."""
-    if ckpt_path is None or ckpt_path in RESUME_WORDS or str(ckpt_path).startswith(LIGHTNING_WORDS):
-        return
+    words = (*RESUME_WORDS, *LIGHTNING_WORDS)
+    if ckpt_path is None or ckpt_path in words or str(ckpt_path).startswith(("registry:", *REMOTE)):
+        return  # Lightning's words, and remote files (s3://...) that Lightning reads through fsspec
     path = Path(ckpt_path)
     if not path.exists():
-        raise MissingError(f"--ckpt_path {path}: no such file or folder.")
+        raise MissingError(f"{option} {path}: no such file or folder.")
     if path.is_dir():
         if not ((path / ".metadata").is_file() or (path / "latest").is_file()):  # FSDP, FSDP2 or DeepSpeed shards
-            raise DataError(f"--ckpt_path {path} is a folder but not a sharded checkpoint (FSDP or DeepSpeed).")
+            raise DataError(f"{option} {path} is a folder but not a sharded checkpoint (FSDP or DeepSpeed).")
         return
-    if not zipfile.is_zipfile(path) or not any(name.endswith("data.pkl") for name in zipfile.ZipFile(path).namelist()):
+    if not zipfile.is_zipfile(path) or "state_dict" not in _checkpoint_keys(path):
         raise DataError(
-            f"{path} is not a Lightning checkpoint: point --ckpt_path at a .ckpt file that training wrote "
-            "(runs/<project>/<run>/checkpoints/), or use --ckpt_path auto for the newest run's last.ckpt."
+            f"{path} is not a Lightning checkpoint: point {option} at a .ckpt file that training wrote "
+            "(runs/<project>/<run>/checkpoints/)."
         )
+
+
+def _checkpoint_keys(path: Path) -> list:
+    """The top-level keys of a file torch.save wrote (memory-mapped: no weights read), or none."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # whatever torch.load makes of a file that is no checkpoint
+        return []
+    return list(saved) if isinstance(saved, dict) else []
 
 
 def first_logger(config: Namespace) -> Namespace | None:

@@ -32,6 +32,8 @@ RANGE, BAND = 100, 10
 SETTLING = 50
 # Less of a fall than this is the noise of a model that has not started to learn.
 FALL = 0.05
+# Lightning ends the test when the loss passes 4 times its lowest: the loss diverged.
+DIVERGED = 4
 # A batch is searched up to the size that still gives each process this many steps per epoch.
 MIN_STEPS_PER_EPOCH = 8
 
@@ -81,7 +83,7 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
     rates, losses = finder.results["lr"], finder.results["loss"]
     found = suggest_lr(rates, losses)
     draw_lr_curve(rates, losses, current, found)
-    if found is None and len(rates) < steps:  # Lightning stops the test when the loss takes off
+    if found is None and losses[-1] > DIVERGED * np.nanmin(losses):  # Lightning then stops the test
         print(
             f"The loss rose before it fell by {FALL:.0%}, from rate {rates[-1]:.3g} (curve: {LR_CURVE}): nothing "
             "written; the current rate may already be near the highest that trains."
@@ -89,9 +91,10 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
         return 1
     if found is None:
         epoch = len(cli.datamodule.train_set) // (cli.datamodule.batch_size * trainer.world_size)
+        ended = "" if len(rates) == steps else f" (trainer.max_epochs ended it after {len(rates)} of {steps})"
         print(
-            f"The loss never fell by {FALL:.0%} in the {len(rates)} steps of the range test (curve: {LR_CURVE}): the "
-            f"model had not started to learn. Nothing written; try --steps of a few epochs (one is {epoch} steps)."
+            f"The loss never fell by {FALL:.0%} in the range test{ended} (curve: {LR_CURVE}): the model had not "
+            f"started to learn. Nothing written; try --steps of a few epochs (one is {epoch} steps)."
         )
         return 1
     # The test ran at the effective batch; model.lr is the rate at base_batch_size, scaled from there.
