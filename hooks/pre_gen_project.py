@@ -1,16 +1,19 @@
 """Refuse answers that would render a broken project, before anything is written.
 
-Standard library only: this runs under the interpreter that runs cookiecutter, which usually has
-no torch. Each problem is one line that names it and the fix.
+Standard library only (and torchvision for a backbone our list lacks, when it is there): this runs
+under the interpreter that runs cookiecutter, which usually has no torch. Each problem is one line
+that names it and the fix.
 """
 
 from __future__ import annotations  # cookiecutter may run under a Python older than the project's
 
+import difflib
 import keyword
 import re
 import sys
 
 ANSWERS = {
+    "project_name": {{ cookiecutter.project_name | tojson }},
     "python_version": {{ cookiecutter.python_version | tojson }},
     "project_slug": {{ cookiecutter.project_slug | tojson }},
     "package_name": {{ cookiecutter.package_name | tojson }},
@@ -29,11 +32,50 @@ TAKEN_NAMES = {
 }  # fmt: skip
 STDLIB = getattr(sys, "stdlib_module_names", frozenset({"json", "os", "sys", "re", "typing", "types", "io", "logging"}))
 
+# torchvision's classification models (torchvision 0.29). A name missing here is looked up in the
+# torchvision cookiecutter runs with, if it has one (a newer release may add models); a template test
+# keeps this list equal to list_models(module=torchvision.models).
+TORCHVISION_CLASSIFIERS = {
+    "alexnet", "convnext_base", "convnext_large", "convnext_small", "convnext_tiny", "densenet121",
+    "densenet161", "densenet169", "densenet201", "efficientnet_b0", "efficientnet_b1", "efficientnet_b2",
+    "efficientnet_b3", "efficientnet_b4", "efficientnet_b5", "efficientnet_b6", "efficientnet_b7",
+    "efficientnet_v2_l", "efficientnet_v2_m", "efficientnet_v2_s", "googlenet", "inception_v3", "maxvit_t",
+    "mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3", "mobilenet_v2", "mobilenet_v3_large",
+    "mobilenet_v3_small", "regnet_x_16gf", "regnet_x_1_6gf", "regnet_x_32gf", "regnet_x_3_2gf",
+    "regnet_x_400mf", "regnet_x_800mf", "regnet_x_8gf", "regnet_y_128gf", "regnet_y_16gf", "regnet_y_1_6gf",
+    "regnet_y_32gf", "regnet_y_3_2gf", "regnet_y_400mf", "regnet_y_800mf", "regnet_y_8gf", "resnet101",
+    "resnet152", "resnet18", "resnet34", "resnet50", "resnext101_32x8d", "resnext101_64x4d", "resnext50_32x4d",
+    "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0", "squeezenet1_0",
+    "squeezenet1_1", "swin_b", "swin_s", "swin_t", "swin_v2_b", "swin_v2_s", "swin_v2_t", "vgg11", "vgg11_bn",
+    "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn", "vit_b_16", "vit_b_32", "vit_h_14",
+    "vit_l_16", "vit_l_32", "wide_resnet101_2", "wide_resnet50_2",
+}  # fmt: skip
+
+# cookiecutter.json's stand-in slug for a project_name that slugifies to nothing: an empty slug would
+# make the output folder itself the project and fail with "directory already exists".
+NO_SLUG = "-"
+
+
+def is_torchvision_classifier(name: str) -> bool:
+    if name in TORCHVISION_CLASSIFIERS:
+        return True
+    try:  # only for names the list lacks: importing torchvision takes seconds
+        import torchvision.models
+
+        return name in torchvision.models.list_models(module=torchvision.models)
+    except Exception:  # absent, broken or too old to list its models: the list is the answer
+        return False
+
 
 def problems(answers: dict[str, str]) -> list[str]:
     found = []
     slug, package = answers["project_slug"], answers["package_name"]
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9._-]*", slug):
+    if slug == NO_SLUG:
+        found.append(
+            f"project_name {answers['project_name']!r} has no letters or digits to make a folder name from: "
+            "use a name with some (e.g. project_name='Leaf Disease'), or give project_slug and package_name."
+        )
+    elif not re.fullmatch(r"[A-Za-z][A-Za-z0-9._-]*", slug):
         found.append(
             f"project_slug {slug!r} is not a valid folder and distribution name: use letters, digits, '-', '_' "
             "and '.', starting with a letter (e.g. project_slug=my-classifier)."
@@ -50,11 +92,11 @@ def problems(answers: dict[str, str]) -> list[str]:
         )
     if not re.fullmatch(r"3\.\d+", answers["python_version"]):
         found.append(f"python_version {answers['python_version']!r} is not a Python 3 version such as 3.11.")
-    if not re.fullmatch(r"[a-z][a-z0-9_]*", answers["backbone"]):
-        found.append(
-            f"backbone {answers['backbone']!r} is not a torchvision model name: use one such as resnet18, "
-            "efficientnet_b0 or convnext_tiny."
-        )
+    backbone = answers["backbone"]
+    if not is_torchvision_classifier(backbone):
+        close = difflib.get_close_matches(backbone.lower(), sorted(TORCHVISION_CLASSIFIERS), n=3, cutoff=0.5)
+        fix = f"did you mean {' or '.join(close)}?" if close else "use one such as resnet18 or efficientnet_b0."
+        found.append(f"backbone {backbone!r} is not a torchvision classification model: {fix}")
     size = answers["image_size"]
     if not size.isdigit() or not 16 <= int(size) <= 4096:
         found.append(f"image_size {size!r} is not a side in pixels between 16 and 4096 (e.g. image_size=224).")
@@ -80,5 +122,10 @@ if __name__ == "__main__":
     for problem in found:
         print(f"ERROR: {problem}", file=sys.stderr)
     if found:
-        print("Nothing was written. Run cookiecutter again with the fixed answers.", file=sys.stderr)
+        # A failing hook is the only way cookiecutter offers to stop, and it follows with a traceback of its own.
+        print(
+            "Nothing was written. Run cookiecutter again with the fixed answers "
+            "(the traceback cookiecutter prints next is its report of this refusal, not another problem).",
+            file=sys.stderr,
+        )
         sys.exit(1)

@@ -1,5 +1,7 @@
 """The pre-generation hook refuses bad answers with one line each, and writes nothing."""
 
+import ast
+import os
 import subprocess
 import sys
 
@@ -7,10 +9,10 @@ import pytest
 from conftest import QUIET, TEMPLATE, is_valid, run_bounded
 
 
-def run_cookiecutter(output_dir, **answers: str) -> subprocess.CompletedProcess:
+def run_cookiecutter(output_dir, env=None, **answers: str) -> subprocess.CompletedProcess:
     args = [f"{key}={value}" for key, value in (QUIET | answers).items()]
     command = [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args]
-    return run_bounded(command, 120)
+    return run_bounded(command, 120, env=env)
 
 
 REFUSED = [
@@ -21,7 +23,9 @@ REFUSED = [
     ({"package_name": "wandb"}, "shadows the dependency"),
     ({"package_name": "test"}, "shadows the dependency"),
     ({"package_name": "json"}, "shadows the standard library"),
-    ({"backbone": "ResNet-18"}, "backbone 'ResNet-18' is not a torchvision model name"),
+    ({"project_name": "!!!"}, "project_name '!!!' has no letters or digits to make a folder name from"),
+    ({"backbone": "ResNet-18"}, "backbone 'ResNet-18' is not a torchvision classification model: did you mean"),
+    ({"backbone": "not_a_model"}, "backbone 'not_a_model' is not a torchvision classification model"),
     ({"image_size": "big"}, "image_size 'big'"),
     ({"image_size": "8"}, "image_size '8'"),
     ({"devices": "0"}, "devices '0'"),
@@ -58,3 +62,39 @@ def test_good_answers_render(tmp_path):
     result = run_cookiecutter(tmp_path, project_name="Leaf Disease", accelerator="gpu", devices="8", strategy="ddp")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "leaf-disease/src/leaf_disease/cli.py").is_file()
+
+
+def test_the_hooks_backbone_list_is_torchvisions():
+    torchvision = pytest.importorskip("torchvision")
+    tree = ast.parse((TEMPLATE / "hooks/pre_gen_project.py").read_text())
+    listed = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and node.targets[0].id == "TORCHVISION_CLASSIFIERS"
+    )
+    assert listed == set(torchvision.models.list_models(module=torchvision.models)), (
+        "update TORCHVISION_CLASSIFIERS in hooks/pre_gen_project.py to this torchvision's list_models()"
+    )
+
+
+FAKE_TORCHVISION_MODELS = {
+    "newer": "def list_models(module):\n    return ['resnet18', 'brand_new_net']\n",
+    "broken": "raise ImportError('no torch here')\n",
+}
+
+
+@pytest.mark.parametrize(("torchvision", "backbone", "accepted"), [
+    ("newer", "brand_new_net", True),  # a model our list does not know yet, in the torchvision at hand
+    ("newer", "not_a_model", False),
+    ("broken", "resnet18", True),  # no usable torchvision: the list decides
+    ("broken", "brand_new_net", False),
+])  # fmt: skip
+def test_a_backbone_our_list_lacks_is_looked_up_in_torchvision(tmp_path, torchvision, backbone, accepted):
+    fake = tmp_path / "site" / "torchvision"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "models.py").write_text(FAKE_TORCHVISION_MODELS[torchvision])
+    out = tmp_path / "out"
+    result = run_cookiecutter(out, env=os.environ | {"PYTHONPATH": str(fake.parent)}, backbone=backbone)
+    assert (result.returncode == 0) is accepted, result.stderr
+    assert (out / "image-classifier/configs/default.yaml").is_file() is accepted
