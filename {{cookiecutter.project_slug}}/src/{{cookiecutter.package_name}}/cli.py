@@ -13,6 +13,8 @@ from typing import Literal
 
 import torch
 import yaml
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -22,6 +24,7 @@ from .data import ImageDataModule
 from .errors import UserError, one_line, wants_traceback
 from .hardware import check_hardware
 from .model import ImageClassifier
+from .progress import LogLines
 from .resume import check_checkpoint, resolve_resume
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
@@ -157,6 +160,14 @@ class ClassifierCLI(LightningCLI):
             bars = [c for c in config.trainer.callbacks if str(c.get("class_path", "")).endswith("ProgressBar")]
             config.trainer.callbacks = [c for c in config.trainer.callbacks if c not in bars]
         resolve_resume(config, self.subcommand)
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        if not sys.stdout.isatty():
+            # A live bar prints nothing into a file or pipe (a SLURM log, `| tee`) until the run ends.
+            bars = (RichProgressBar, TQDMProgressBar)
+            trainer.callbacks = [LogLines() if isinstance(c, bars) else c for c in trainer.callbacks]
+        return trainer
 
     def check_run(self) -> None:
         # As the model's setup does, but before the trainer starts its loggers (W&B's lines).

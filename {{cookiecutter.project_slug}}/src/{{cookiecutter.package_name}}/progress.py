@@ -1,0 +1,81 @@
+"""Progress as plain lines, for output that is not a terminal (SLURM logs, `| tee`, CI), where a live
+progress bar shows nothing until the run ends."""
+
+import math
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ProgressBar
+
+
+class LogLines(ProgressBar):
+    """A line every `every_n_steps` training steps (epoch, step, the progress-bar metrics, images/s),
+    and one per epoch after its validation (every logged metric, images/s, time)."""
+
+    def __init__(self, every_n_steps: int = 100) -> None:
+        super().__init__()
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be a positive number of steps, not {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self._enabled = True
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_start = self._interval_start = time.perf_counter()
+        self._epoch_images = self._interval_images = 0
+        self._train_seconds = 0.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        images = len(batch[0] if isinstance(batch, (list, tuple)) else batch) * trainer.world_size
+        self._epoch_images += images
+        self._interval_images += images
+        now = time.perf_counter()
+        self._train_seconds = now - self._epoch_start
+        steps = self.total_train_batches
+        if (batch_idx + 1) % self.every_n_steps or (math.isfinite(steps) and batch_idx + 1 >= steps):
+            return  # the epoch's own line follows its last step
+        rate = self._interval_images / max(now - self._interval_start, 1e-9)
+        self._interval_start, self._interval_images = now, 0
+        total = f"/{steps}" if math.isfinite(steps) else ""
+        metrics = {k: float(v) for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
+        self._print(f"{self._epoch(trainer)}  step {batch_idx + 1}{total}", metrics, f"{rate:.0f} img/s")
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        logged = {
+            name: float(value)
+            for name, value in trainer.callback_metrics.items()
+            if not isinstance(value, torch.Tensor) or value.numel() == 1
+        }
+        # "train/loss" beside "train/loss_epoch" is the same number; "_step" values are one batch's.
+        metrics = {
+            name: value
+            for name, value in sorted(logged.items())
+            if not name.endswith("_step") and f"{name}_epoch" not in logged and not name.startswith("lr-")
+        }
+        rates = {value for name, value in logged.items() if name.startswith("lr-")}
+        if len(rates) == 1:  # LearningRateMonitor's one line per parameter group, when they agree
+            metrics["lr"] = rates.pop()
+        else:
+            metrics |= {name: value for name, value in sorted(logged.items()) if name.startswith("lr-")}
+        rate = self._epoch_images / max(self._train_seconds, 1e-9)
+        elapsed = time.perf_counter() - self._epoch_start
+        tail = f"{rate:.0f} img/s  {elapsed:.0f} s"
+        self._print(f"{self._epoch(trainer)}  done", metrics, tail)
+
+    def _epoch(self, trainer: L.Trainer) -> str:
+        # Counted from 0 to max_epochs - 1, as the checkpoint names and Lightning's bars count them.
+        last = f"/{trainer.max_epochs - 1}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        return f"Epoch {trainer.current_epoch}{last}"
+
+    def _print(self, head: str, metrics: dict, tail: str) -> None:
+        if not self._enabled:
+            return
+        values = "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())
+        # Flushed: a file or pipe holds what is printed in a buffer, which is the silence this avoids.
+        print("  ".join(part for part in (head, values, tail) if part), flush=True)

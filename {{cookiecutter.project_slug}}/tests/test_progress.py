@@ -1,0 +1,65 @@
+import itertools
+import re
+import sys
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from conftest import ON_CPU
+from torch.nn.functional import cross_entropy
+
+from {{ cookiecutter.package_name }} import progress
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.progress import LogLines
+
+
+def test_lines_every_n_steps_and_per_epoch_with_the_epochs_numbers(monkeypatch, capsys, tiny_shapes):
+    clock = itertools.count(start=1.0)  # each reading one second after the last
+    monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    torch.manual_seed(0)
+    model = ImageClassifier(num_classes=6, backbone="resnet18", pretrained=False, lr=1e-3)
+    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=8, image_size=32)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        limit_train_batches=5,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[LogLines(every_n_steps=2)],
+    )
+    trainer.fit(model, data)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch")]
+
+    # 5 steps of 8 images, the clock one second on at each step: 8 images/s, lines after steps 2 and 4.
+    heads = [re.match(r"Epoch \d/\d  (step \d/5|done)", line).group() for line in lines]
+    assert heads == [f"Epoch {epoch}/1  {what}" for epoch in (0, 1) for what in ("step 2/5", "step 4/5", "done")]
+    assert all(line.endswith("  8 img/s") for line in lines if "step" in line), lines
+    assert lines[-1].endswith("  8 img/s  6 s"), lines[-1]  # 40 images in 5 s of steps; 6 s with validation
+
+    # The last epoch's validation numbers, computed here from the trained model over every val image.
+    model.eval()
+    data.setup("validate")
+    with torch.no_grad():
+        batches = [data.on_after_batch_transfer(batch, 0) for batch in data.val_dataloader()]
+        outputs = [(model(images), labels) for images, labels in batches]
+    logits, labels = torch.cat([o for o, _ in outputs]), torch.cat([y for _, y in outputs])
+    printed = {name: float(value) for name, value in re.findall(r"(val/\w+) (\S+)", lines[-1])}
+    assert printed["val/acc"] == pytest.approx((logits.argmax(1) == labels).float().mean().item(), abs=5e-4)
+    assert printed["val/loss"] == pytest.approx(cross_entropy(logits, labels).item(), rel=1e-3)
+    assert " train/loss_epoch " in lines[-1] and " train/loss " not in lines[-1], "one loss, not the same one twice"
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_output_that_is_no_terminal_gets_lines_for_a_bar(monkeypatch, capsys, in_project_copy, tiny_shapes, terminal):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)
+    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
+    short = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *ON_CPU, *data, *short])
+    main()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch 0/0  done")]
+    assert len(lines) == (0 if terminal else 1)
