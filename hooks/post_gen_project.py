@@ -43,7 +43,6 @@ VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else 
 UNSELECTED = {
     Path("src") / PACKAGE / "wandb_logging.py": ANSWERS["logger"] != "wandb",
     Path("tests") / "test_wandb_logging.py": ANSWERS["logger"] != "wandb",
-    Path("src") / PACKAGE / "csv_logging.py": ANSWERS["logger"] != "csv",
     Path("configs") / "trainer" / "mps.yaml": ANSWERS["accelerator"] != "mps",
 }
 

@@ -28,6 +28,7 @@ MODULES = [
     "classify",
     "cli",
     "consolidate",
+    "csv_logging",
     "curves",
     "data",
     "doctor",
@@ -36,6 +37,7 @@ MODULES = [
     "hardware",
     "metrics",
     "model",
+    "progress",
     "reports",
     "resume",
     "shapes",
@@ -56,6 +58,7 @@ TESTS = [
     "test_metrics",
     "test_model",
     "test_presets",
+    "test_progress",
     "test_report",
     "test_reproducibility",
     "test_resume",
@@ -86,8 +89,6 @@ def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
     }
     if logger == "wandb":
         files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py"}
-    if logger == "csv":
-        files.add(f"src/{package}/csv_logging.py")
     if accelerator == "mps":
         files.add("configs/trainer/mps.yaml")
     return files

@@ -1,7 +1,6 @@
 """Resume, preemption and interrupted writes: a run loses at most the work since its last checkpoint."""
-{% if cookiecutter.logger == "csv" %}
+
 import csv
-{%- endif %}
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ TRAINER = [
     "--trainer.devices=1",
     "--trainer.strategy=auto",
     "--trainer.precision=32-true",
-    "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+    "--trainer.logger={{ cookiecutter.package_name }}.csv_logging.ResumableCSVLogger",
     "--trainer.logger.save_dir=runs",
     "--trainer.logger.name=resume",
 ]
@@ -80,6 +79,39 @@ def test_auto_resumes_the_newest_run_in_its_own_folder(monkeypatch, in_project_c
     assert run_folders(in_project_copy) == [run], "the resumed run must carry on in its own folder"
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * first
     assert (run / "config.yaml").is_file()
+
+
+def test_auto_on_a_finished_run_says_how_to_train_longer(monkeypatch, caplog, in_project_copy, tiny_shapes):
+    one_epoch = ["--trainer.limit_val_batches=1", "--trainer.limit_train_batches=2", "--trainer.max_epochs=1"]
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch)
+    (run,) = run_folders(in_project_copy)
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch, "--ckpt_path=auto")
+    assert "already reached max_epochs=1" in caplog.text and "--trainer.max_epochs=<more>" in caplog.text
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 2, "nothing more was trained"
+
+
+def test_an_evaluation_logs_into_the_run_of_its_checkpoint_at_its_step(monkeypatch, in_project_copy, tiny_shapes):
+    short = ["--trainer.limit_val_batches=1", "--trainer.limit_test_batches=2"]
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *short, "--trainer.max_epochs=2",
+            "--trainer.limit_train_batches=3")  # fmt: skip
+    (run,) = run_folders(in_project_copy)
+    trained_config = (run / "config.yaml").read_text()
+    best = next((run / "checkpoints").glob("epoch*.ckpt"))
+    saved = torch.load(best, map_location="cpu", weights_only=True)
+    run_cli(monkeypatch, "test", *TRAINER, *data(tiny_shapes), *short, f"--ckpt_path={best}")
+    run_cli(monkeypatch, "validate", *TRAINER, *data(tiny_shapes), *short, "--ckpt_path=last")
+
+    assert run_folders(in_project_copy) == [run] and len(list(run.parent.iterdir())) == 1, "no new run folder"
+    assert (run / "config.yaml").read_text() == trained_config, "the training config stays as it was"
+    assert (run / "config_test.yaml").is_file() and (run / "config_validate.yaml").is_file()
+    assert (run / "reports" / "confusion_matrix_test.png").is_file()
+    with (run / "metrics.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    # The test numbers sit at the evaluated checkpoint's step and epoch; last.ckpt's are 6 and 1.
+    (tested,) = [row for row in rows if row.get("test/acc")]
+    assert (int(tested["step"]), int(float(tested["epoch"]))) == (saved["global_step"], saved["epoch"])
+    validated = [row for row in rows if row.get("val/acc")][-1]
+    assert (int(validated["step"]), int(float(validated["epoch"]))) == (6, 1)
 
 
 def test_auto_without_a_run_starts_a_new_one(monkeypatch, in_project_copy, tiny_shapes):
@@ -150,7 +182,7 @@ def test_checkpoints_are_renamed_into_place_from_the_same_folder(monkeypatch, tm
 
 
 def test_a_resumed_run_appends_to_its_metrics(monkeypatch, in_project_copy, tiny_shapes):
-    # The project's own logger from configs/default.yaml, not the CSVLogger the other tests use.
+    # The logger as configs/default.yaml sets it up, not only as the other tests name it.
     short = [*TRAINER[:4], *data(tiny_shapes), "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     run_cli(monkeypatch, "fit", *short, "--trainer.max_epochs=1")
     run_cli(monkeypatch, "fit", *short, "--trainer.max_epochs=2", "--ckpt_path=auto")

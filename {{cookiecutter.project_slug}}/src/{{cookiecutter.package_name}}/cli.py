@@ -25,6 +25,7 @@ from .errors import UserError, one_line, wants_traceback
 from .hardware import check_hardware
 from .model import ImageClassifier
 from .progress import LogLines
+from .quiet import silence_dependency_noise
 from .resume import check_checkpoint, resolve_resume
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
@@ -160,6 +161,9 @@ class ClassifierCLI(LightningCLI):
             bars = [c for c in config.trainer.callbacks if str(c.get("class_path", "")).endswith("ProgressBar")]
             config.trainer.callbacks = [c for c in config.trainer.callbacks if c not in bars]
         resolve_resume(config, self.subcommand)
+        if self.subcommand != "fit":
+            # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.
+            self.save_config_kwargs["config_filename"] = f"config_{self.subcommand}.yaml"
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
@@ -177,6 +181,7 @@ class ClassifierCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> None:
+    silence_dependency_noise()
     try:
         run_command(sys.argv[1:] if args is None else args, args)
     except UserError as error:

@@ -10,6 +10,7 @@ from typing import Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
@@ -88,6 +89,8 @@ class ImageClassifier(L.LightningModule):
         self.val_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self.test_confusion = MulticlassConfusionMatrix(num_classes, validate_args=False)
         self._compiled = False
+        # The epoch and step of the checkpoint loaded, if any: what an evaluation reports them at.
+        self.trained_until: dict[str, int] | None = None
         self._size_checked: int | None = None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -112,10 +115,25 @@ class ImageClassifier(L.LightningModule):
         self._evaluate(batch, self.test_metrics, self.test_loss, self.test_confusion, "test")
 
     def on_validation_epoch_end(self) -> None:
-        write_report(self.trainer, self.val_confusion, self.label_names(), "val")
+        self._log_at_checkpoint()
+        write_report(self.trainer, self.val_confusion, self.label_names(), "val", self._epoch())
 
     def on_test_epoch_end(self) -> None:
-        write_report(self.trainer, self.test_confusion, self.label_names(), "test")
+        self._log_at_checkpoint()
+        write_report(self.trainer, self.test_confusion, self.label_names(), "test", self._epoch())
+
+    def _log_at_checkpoint(self) -> None:
+        """An evaluation of a checkpoint logs at the checkpoint's step and epoch (Lightning takes a
+        logged "step" for the loggers' step), so its numbers sit at the end of the curves of the run
+        it evaluates, not at step 0."""
+        if self.trainer.state.fn != TrainerFn.FITTING and self.trained_until:
+            self.log_dict({name: float(value) for name, value in self.trained_until.items()})
+
+    def _epoch(self) -> int:
+        """The epoch of the weights being evaluated: the current one in fit, else the checkpoint's."""
+        if self.trainer.state.fn == TrainerFn.FITTING or not self.trained_until:
+            return self.trainer.current_epoch
+        return self.trained_until["epoch"]
 
     def label_names(self) -> list[str]:
         """The class names, or the class indices as text when the model has no names."""
@@ -261,6 +279,7 @@ class ImageClassifier(L.LightningModule):
         checkpoint["hyper_parameters"]["pretrained"] = False
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.trained_until = {"epoch": checkpoint.get("epoch", 0), "step": checkpoint.get("global_step", 0)}
         saved = checkpoint.get("hyper_parameters", {})
         if saved.get("class_names") and self.hparams.class_names and saved["class_names"] != self.hparams.class_names:
             raise DataError(

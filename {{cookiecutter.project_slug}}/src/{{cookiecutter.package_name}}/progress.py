@@ -26,6 +26,9 @@ class LogLines(ProgressBar):
     def enable(self) -> None:
         self._enabled = True
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.on_train_epoch_start(trainer, pl_module)  # a run resumed mid-epoch starts with no epoch start
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = self._interval_start = time.perf_counter()
         self._epoch_images = self._interval_images = 0

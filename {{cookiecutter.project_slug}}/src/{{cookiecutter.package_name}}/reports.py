@@ -31,8 +31,11 @@ def per_class_accuracy(matrix: torch.Tensor) -> list[float]:
     return (matrix.diag() / matrix.sum(1)).tolist()
 
 
-def write_report(trainer: L.Trainer, metric: MulticlassConfusionMatrix, class_names: list[str], stage: str) -> None:
-    """Compute `metric` (every process takes part) and, on rank 0, write and log its pictures."""
+def write_report(
+    trainer: L.Trainer, metric: MulticlassConfusionMatrix, class_names: list[str], stage: str, epoch: int
+) -> None:
+    """Compute `metric` (every process takes part) and, on rank 0, write and log its pictures of the
+    weights of `epoch`."""
     matrix = metric.compute().cpu()
     metric.reset()
     if not trainer.is_global_zero or trainer.sanity_checking or trainer.fast_dev_run:
@@ -48,9 +51,9 @@ def write_report(trainer: L.Trainer, metric: MulticlassConfusionMatrix, class_na
             writer.writerow([name, int(count), f"{accuracy:.4f}"])
 
     figure, axes = metric.plot(val=matrix, labels=class_names)
-    axes.set_title(f"{stage} confusion matrix, epoch {trainer.current_epoch} (rows: true class)")
+    axes.set_title(f"{stage} confusion matrix, epoch {epoch} (rows: true class)")
     figure.set_size_inches(max(5, 0.6 * len(class_names) + 2), max(4, 0.6 * len(class_names) + 1.5))
-    figure.tight_layout()
+    # No tight_layout(): torchmetrics' figure has a constrained layout, and switching warns every time.
     image = folder / f"confusion_matrix_{stage}.png"
     figure.savefig(image, dpi=100)
     for logger in trainer.loggers:

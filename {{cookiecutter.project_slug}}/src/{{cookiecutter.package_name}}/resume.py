@@ -2,6 +2,7 @@
 
 Lightning's own `--ckpt_path last` looks only in the new run's (empty) checkpoint folder, because
 every run gets a folder of its own; here `last` and `auto` search all of this project's runs.
+Evaluating a run's checkpoint (validate, test, predict) logs into that run too, not into a new one.
 """
 
 import os
@@ -22,30 +23,61 @@ REMOTE = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://",
 
 def resolve_resume(config: Namespace, subcommand: str) -> None:
     """Replace `auto` or `last` in `config.ckpt_path` by the newest last.ckpt, and point the logger
-    of a `fit` at that run's folder so that its logs and checkpoints carry on there."""
+    at the run of the checkpoint, so that a `fit` carries on in its folder and an evaluation's
+    metrics, reports and config land beside the run they evaluate."""
     requested = config.get("ckpt_path")
-    if requested not in RESUME_WORDS:
-        return
     logger = first_logger(config)
-    root, found = last_checkpoints(config, logger)
-    if not found:
-        if requested == "last":
-            raise MissingError(
-                f"--ckpt_path last: there is no */checkpoints/last.ckpt under {root}. "
-                "Use --ckpt_path auto to start a new run when there is none."
+    if requested in RESUME_WORDS:
+        root, found = last_checkpoints(config, logger)
+        if not found:
+            if requested == "last":
+                raise MissingError(
+                    f"--ckpt_path last: there is no */checkpoints/last.ckpt under {root}. "
+                    "Use --ckpt_path auto to start a new run when there is none."
+                )
+            rank_zero_info(f"--ckpt_path auto: no last.ckpt under {root}, so this is a new run")
+            config.ckpt_path = None
+            return
+        config.ckpt_path = str(found[-1])
+        doing = "resuming from" if subcommand == "fit" else "evaluating"
+        rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
+        if subcommand == "fit" and (reached := limit_reached(found[-1], config.trainer)):
+            # Lightning would end at once with no word on how to go on.
+            rank_zero_info(
+                f"That run already reached {reached}, so there is nothing left to train. To train it longer, "
+                f"raise the limit: fit --ckpt_path {requested} --trainer.{reached.split('=')[0]}=<more>."
             )
-        rank_zero_info(f"--ckpt_path auto: no last.ckpt under {root}, so this is a new run")
-        config.ckpt_path = None
-        return
-    last = found[-1]
-    run = last.parent.parent.name
-    config.ckpt_path = str(last)
-    if subcommand == "fit" and logger is not None:
+    elif subcommand == "fit":
+        return  # a checkpoint given by path starts a new run from it (fine-tuning, a copied file)
+    run = run_of(config.get("ckpt_path"), logger)
+    if run is not None:
         if logger.class_path.endswith("WandbLogger"):
             logger.init_args.id = run  # W&B resumes the run with that id
         else:
             logger.init_args.version = run
-    rank_zero_info(f"--ckpt_path {requested}: resuming from {last}")
+
+
+def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:
+    """`max_epochs=N` or `max_steps=N` when the run saved in `checkpoint` has done that much."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    epochs = saved.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed")
+    if trainer.get("max_steps") and trainer.max_steps > 0 and saved.get("global_step", 0) >= trainer.max_steps:
+        return f"max_steps={trainer.max_steps}"
+    if trainer.get("max_epochs") and trainer.max_epochs > 0 and epochs is not None and epochs >= trainer.max_epochs:
+        return f"max_epochs={trainer.max_epochs}"
+    return None
+
+
+def run_of(ckpt_path: str | None, logger: Namespace | None) -> str | None:
+    """The run folder's name when `ckpt_path` is a checkpoint of one of `logger`'s runs
+    (<root>/<run>/checkpoints/<file or folder of shards>), else None."""
+    if logger is None or not ckpt_path or ckpt_path in LIGHTNING_WORDS or str(ckpt_path).startswith(REMOTE):
+        return None
+    if logger.class_path == "lightning.pytorch.loggers.CSVLogger":
+        return None  # it deletes the metrics.csv of a folder it reuses (csv_logging.py's appends)
+    checkpoints = Path(ckpt_path).resolve().parent
+    in_a_run = checkpoints.name == "checkpoints" and checkpoints.parent.parent == run_root(logger).resolve()
+    return checkpoints.parent.name if in_a_run else None
 
 
 def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None:
@@ -90,7 +122,12 @@ def last_checkpoints(config: Namespace, logger: Namespace | None) -> tuple[Path,
     if logger is None:  # without a logger, checkpoints go to default_root_dir/checkpoints
         root = Path(config.trainer.default_root_dir or os.getcwd())
         return root, [path for path in [root / "checkpoints" / "last.ckpt"] if path.is_file()]
+    root = run_root(logger)
+    return root, sorted(root.glob(os.path.join("*", "checkpoints", "last.ckpt")), key=os.path.getmtime)
+
+
+def run_root(logger: Namespace) -> Path:
+    """The folder that holds `logger`'s run folders."""
     args = logger.init_args
     name = args.get("project") if logger.class_path.endswith("WandbLogger") else args.get("name")
-    root = Path(args.get("save_dir") or ".") / (name or "lightning_logs")
-    return root, sorted(root.glob(os.path.join("*", "checkpoints", "last.ckpt")), key=os.path.getmtime)
+    return Path(args.get("save_dir") or ".") / (name or "lightning_logs")

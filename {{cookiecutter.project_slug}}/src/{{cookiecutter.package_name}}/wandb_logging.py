@@ -61,6 +61,16 @@ class BestModelWandbLogger(WandbLogger):
     best and move the artifact's "best" alias onto it.
     """
 
+    @property
+    def experiment(self):
+        # Lightning passes anonymous=None, which W&B takes for a setting, warning at every start.
+        if self._experiment is None and "anonymous" in self._wandb_init and self._wandb_init["anonymous"] is None:
+            del self._wandb_init["anonymous"]
+        if self._experiment is None and self._wandb_init.get("dir"):
+            # W&B looks for a git repository from its folder and warns when that does not exist yet.
+            Path(self._wandb_init["dir"]).mkdir(parents=True, exist_ok=True)
+        return super().experiment
+
     def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:
         if checkpoint_callback.monitor is None:
             return
@@ -90,5 +100,6 @@ class SaveConfigToRun(SaveConfigCallback):
             run_dir = Path(logger.save_dir) / str(logger.name) / str(logger.version)
             run_dir.mkdir(parents=True, exist_ok=True)
             self.parser.save(self.config, run_dir / self.config_filename, overwrite=True)
-            logger.log_hyperparams({"config": self.config.as_dict()})
+            if stage == "fit":  # an evaluation resumes its training run: keep that run's config
+                logger.log_hyperparams({"config": self.config.as_dict()})
         self.already_saved = True

@@ -1,0 +1,24 @@
+"""Warnings and tips from the libraries we build on that say nothing about the user's run, silenced
+here with the reason for each, so that what a run prints is worth reading. tests/test_warnings.py
+fails on any other warning a short run prints."""
+
+import logging
+import warnings
+
+SILENCED_WARNINGS = [
+    # Lightning checks pytree specs in a way newer torch deprecates: nothing in the run to change.
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # Mixed precision keeps float32 weights: the 32-bit size the summary falls back to is the true one.
+    r"Precision (bf16|16)-mixed is not supported by the model summary",
+]
+
+
+def silence_dependency_noise() -> None:
+    for message in SILENCED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(drop_advertising)
+
+
+def drop_advertising(record: logging.LogRecord) -> bool:
+    # Lightning recommends its cloud logger at every start when none is in use.
+    return not record.getMessage().startswith("💡 Tip")
