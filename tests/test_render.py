@@ -38,6 +38,7 @@ MODULES = [
     "metrics",
     "model",
     "progress",
+    "quiet",
     "reports",
     "resume",
     "shapes",
@@ -66,6 +67,7 @@ TESTS = [
     "test_shapes",
     "test_sharding",
     "test_tune",
+    "test_warnings",
 ]
 
 

@@ -30,6 +30,7 @@ def on_data(data_dir: Path) -> list[str]:
 
 def test_fast_dev_run_through_the_command_line(monkeypatch, in_project_copy, tiny_shapes):
     run_cli(monkeypatch, "fit", "--trainer.fast_dev_run=true", *ON_CPU, *on_data(tiny_shapes))
+    assert [path.name for path in in_project_copy.iterdir()] == ["configs"], "a smoke test writes nothing"
 
 
 def test_the_progress_bar_switches_off(monkeypatch, capsys, in_project_copy, tiny_shapes):

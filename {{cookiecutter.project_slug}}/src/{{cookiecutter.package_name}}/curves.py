@@ -1,8 +1,8 @@
 """`python -m {{ cookiecutter.package_name }} report [RUN]`: a run's logged metrics as PNG curves.
 
-RUN is a run folder (default: the newest under runs/) holding the metrics of a CSV logger
-(metrics.csv) or of a TensorBoard logger (event files). The curves (loss, accuracy, learning rate)
-go to RUN/reports/curves.png. Weights & Biases draws them in its app (`wandb sync` offline runs).
+RUN is a run folder (default: the newest training run under runs/) holding the metrics of a CSV
+logger (metrics.csv) or of a TensorBoard logger (event files). The curves (loss, accuracy, learning
+rate) go to RUN/reports/curves.png. Weights & Biases draws them in its app (`wandb sync` offline runs).
 """
 
 import argparse
@@ -22,17 +22,25 @@ PANELS = {
 
 
 def newest_run(runs: Path) -> Path:
-    logged = [*runs.glob("**/metrics.csv"), *runs.glob("**/events.out.tfevents.*")]
-    if not logged:
+    """The run whose checkpoints or metrics were written last: the newest training run, whatever
+    its logger (a W&B run's folder holds only its checkpoints), not an older run that has metrics."""
+    written = [*runs.glob("**/checkpoints"), *runs.glob("**/metrics.csv"), *runs.glob("**/events.out.tfevents.*")]
+    if not written:
         raise MissingError(
             f"No metrics.csv or TensorBoard events under {runs}: train with a CSV or TensorBoard logger."
         )
-    return max(logged, key=os.path.getmtime).parent
+    return max(written, key=os.path.getmtime).parent
 
 
 def read_series(run: Path) -> dict[str, list[tuple[int, float]]]:
     """Each logged metric as (step, value) pairs."""
     series: dict[str, list[tuple[int, float]]] = {}
+    events = sorted(run.glob("events.out.tfevents.*"))
+    if not (run / "metrics.csv").is_file() and not events:
+        raise MissingError(
+            f"No metrics.csv or TensorBoard events in {run}: its logger kept none (W&B draws a run's curves in "
+            "its app; `wandb sync` uploads an offline run). report draws runs of a CSV or TensorBoard logger."
+        )
     if (run / "metrics.csv").is_file():
         with (run / "metrics.csv").open(newline="") as file:
             for row in csv.DictReader(file):
@@ -40,10 +48,13 @@ def read_series(run: Path) -> dict[str, list[tuple[int, float]]]:
                     if name not in ("step", "epoch") and value:
                         series.setdefault(name, []).append((int(row["step"]), float(value)))
         return series
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError as error:
+        raise MissingError(f"{run} holds TensorBoard event files, which need: pip install tensorboard") from error
 
-    for events in sorted(run.glob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(events)).Reload()
+    for file in events:
+        accumulator = EventAccumulator(str(file)).Reload()
         for name in accumulator.Tags()["scalars"]:
             series.setdefault(name, []).extend((event.step, event.value) for event in accumulator.Scalars(name))
     return series
@@ -55,6 +66,9 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], output: Path) -> lis
         title: [name for name in sorted(series) if name.startswith(prefixes)] for title, prefixes in PANELS.items()
     }
     drawn_panels = {title: names for title, names in drawn_panels.items() if names}
+    rates = drawn_panels.get("learning rate", [])
+    if len(rates) > 1 and all(series[name] == series[rates[0]] for name in rates):
+        drawn_panels["learning rate"] = rates[:1]  # parameter groups on one schedule: one line, not several
     if not drawn_panels:
         raise DataError(f"None of the metrics {', '.join(sorted(series)) or '(none)'} is a loss, accuracy or rate.")
     figure, axes = plt.subplots(1, len(drawn_panels), figsize=(5 * len(drawn_panels), 4), squeeze=False)
@@ -73,7 +87,7 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], output: Path) -> lis
 
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} report", description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, nargs="?", help="a run folder (default: the newest under runs/)")
+    parser.add_argument("run", type=Path, nargs="?", help="a run folder (default: the newest training run under runs/)")
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     options = parser.parse_args(args)
     try:

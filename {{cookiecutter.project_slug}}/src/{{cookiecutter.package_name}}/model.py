@@ -290,7 +290,8 @@ class ImageClassifier(L.LightningModule):
     def on_fit_start(self) -> None:
         # Keep the label order next to the checkpoints, for tools that read no checkpoint.
         checkpoint = self.trainer.checkpoint_callback
-        if self.trainer.is_global_zero and checkpoint is not None and checkpoint.dirpath and self.hparams.class_names:
+        keeps_checkpoints = checkpoint is not None and checkpoint.dirpath and not self.trainer.fast_dev_run
+        if self.trainer.is_global_zero and keeps_checkpoints and self.hparams.class_names:
             folder = Path(checkpoint.dirpath)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "class_names.json").write_text(json.dumps(self.hparams.class_names, indent=2) + "\n")
