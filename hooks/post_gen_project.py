@@ -135,11 +135,14 @@ def make_environment() -> str | None:
         say("setup_env=none: no environment made, so no smoke test either.")
         return None
     if choice == "current":
-        missing = run_quiet([sys.executable, "-c", MISSING_MODULES]).strip()
+        missing = run_logged([sys.executable, "-c", MISSING_MODULES], allow_failure=True).strip()
         if missing:
+            install = f"cd {shlex.quote(str(Path.cwd()))} && {shlex.quote(sys.executable)} -m pip install -e '.[dev]'"
+            with LOG.open("a") as log:  # the log the failure report names says it too
+                log.write(f"# {sys.executable} lacks {missing}. To install them into it: {install}\n")
             raise StepFailed(
-                [sys.executable],
-                f"this Python lacks {missing}: choose setup_env=uv or venv, or install them into it",
+                [sys.executable, "-c", "import torch, lightning, ..."],
+                f"this Python lacks {missing}: install them into it with `{install}`, or choose setup_env=uv or venv",
             )
         say(f"Using {sys.executable} as it is (with src/ on PYTHONPATH); nothing was installed into it.")
         return sys.executable
@@ -286,10 +289,6 @@ def run_logged(command: list[str], allow_failure: bool = False, show: bool = Fal
     if process.returncode != 0 and not allow_failure:
         raise StepFailed(command, likely_fix(LOG.read_text()))
     return "".join(output)
-
-
-def run_quiet(command: list[str]) -> str:
-    return subprocess.run(command, capture_output=True, text=True).stdout
 
 
 def likely_fix(log: str) -> str:

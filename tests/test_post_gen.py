@@ -115,12 +115,30 @@ def test_missing_gpu_falls_back_to_cpu_and_says_so(tmp_path):
 @pytest.mark.slow
 def test_failed_smoke_test_keeps_the_project_and_points_at_the_log(tmp_path):
     env = {FORCE: "1", "WANDB_MODE": "offline"}
-    result = generate(tmp_path, env, setup_env="current", smoke_test="yes", backbone="resnet81")
+    # A ViT takes its own image size only, which generation does not check: the first fit does.
+    result = generate(tmp_path, env, setup_env="current", smoke_test="yes", backbone="vit_b_16", image_size="64")
     project = tmp_path / "image-classifier"
     assert result.returncode == 0 and (project / "pyproject.toml").is_file()
     assert "smoke test failed" in result.stdout
     assert f"Full log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
-    assert "Unknown backbone 'resnet81'" in result.stdout and "resnet18" in result.stdout
+    assert "vit_b_16 cannot take 64-pixel images" in result.stdout and "--data.image_size 224" in result.stdout
+
+
+@pytest.mark.slow
+def test_current_python_without_torch_names_what_is_missing_and_the_command_that_installs_it(tmp_path):
+    bare = tmp_path / "bare"  # a Python with cookiecutter and nothing else
+    subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True)
+    python = bare / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "-q", "cookiecutter"], check=True, timeout=600)
+    env = {key: value for key, value in os.environ.items() if key not in UNSET} | {FORCE: "1"}
+    args = ["--no-input", "-o", str(tmp_path / "out"), str(TEMPLATE), "setup_env=current", "smoke_test=yes"]
+    result = run_bounded([python, "-m", "cookiecutter", *args], 300, env=env, stdin=subprocess.DEVNULL)
+    project = tmp_path / "out" / "image-classifier"
+    assert result.returncode == 0 and "environment setup failed" in result.stdout, result.stdout + result.stderr
+    install = f"{python} -m pip install -e '.[dev]'"
+    assert "lacks torch torchvision lightning" in result.stdout and install in result.stdout
+    log = (project / "runs" / "smoke-test" / "setup.log").read_text()
+    assert "lacks torch torchvision lightning" in log and install in log, "the log it names must say it too"
 
 
 @pytest.mark.slow

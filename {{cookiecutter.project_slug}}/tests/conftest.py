@@ -89,7 +89,10 @@ def command_env(**extra: str) -> dict[str, str]:
     """The environment of the project's commands in the tests: the package and tests/ (for the
     callbacks in helper_callbacks.py) importable, W&B offline, processes meeting on 127.0.0.1."""
     path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
-    return os.environ | {"PYTHONPATH": path, "WANDB_MODE": "offline", "MASTER_ADDR": "127.0.0.1"} | extra
+    # Not the W&B service of this test session (W&B puts its address in the environment): each
+    # command starts its own, as a user's commands do, so a run id one command leaves is free for the next.
+    inherited = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
+    return inherited | {"PYTHONPATH": path, "WANDB_MODE": "offline", "MASTER_ADDR": "127.0.0.1"} | extra
 
 
 def kill_group(process: subprocess.Popen) -> None:

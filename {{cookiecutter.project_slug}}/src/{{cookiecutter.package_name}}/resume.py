@@ -50,11 +50,14 @@ def resolve_resume(config: Namespace, subcommand: str) -> None:
     elif subcommand == "fit":
         return  # a checkpoint given by path starts a new run from it (fine-tuning, a copied file)
     run = run_of(config.get("ckpt_path"), logger)
-    if run is not None:
-        if logger.class_path.endswith("WandbLogger"):
-            logger.init_args.id = run  # W&B resumes the run with that id
-        else:
-            logger.init_args.version = run
+    if run is None:
+        return
+    if subcommand != "fit" and logger.class_path == "lightning.pytorch.loggers.CSVLogger":
+        return  # it deletes the metrics.csv of a folder it reuses (csv_logging.py's logger appends)
+    if logger.class_path.endswith("WandbLogger"):
+        logger.init_args.id = run  # W&B resumes the run with that id
+    else:
+        logger.init_args.version = run
 
 
 def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:
@@ -73,8 +76,6 @@ def run_of(ckpt_path: str | None, logger: Namespace | None) -> str | None:
     (<root>/<run>/checkpoints/<file or folder of shards>), else None."""
     if logger is None or not ckpt_path or ckpt_path in LIGHTNING_WORDS or str(ckpt_path).startswith(REMOTE):
         return None
-    if logger.class_path == "lightning.pytorch.loggers.CSVLogger":
-        return None  # it deletes the metrics.csv of a folder it reuses (csv_logging.py's appends)
     checkpoints = Path(ckpt_path).resolve().parent
     in_a_run = checkpoints.name == "checkpoints" and checkpoints.parent.parent == run_root(logger).resolve()
     return checkpoints.parent.name if in_a_run else None
