@@ -1,5 +1,6 @@
 """`export`: ONNX and torch.export programs that give the PyTorch model's probabilities on real images."""
 
+import json
 import sys
 
 import onnxruntime
@@ -9,6 +10,7 @@ import torch
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.export import ServedClassifier, sample_images
 from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.shapes import CLASSES
 
 
 def export(monkeypatch, capsys, *args: str) -> str:
@@ -35,6 +37,10 @@ def test_the_export_matches_pytorch_on_real_images(monkeypatch, capsys, trained,
     if form == "onnx":
         session = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
         probabilities = torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+        assert list(exported.parent.glob("*.data")) == [], "a small model's ONNX export is one file"
+        metadata = session.get_modelmeta().custom_metadata_map
+        assert json.loads(metadata["class_names"]) == list(CLASSES)
+        assert metadata["image_size"] == "{{ cookiecutter.image_size }}" and "center-crop" in metadata["preprocessing"]
     else:
         probabilities = torch.export.load(exported).module()(images)
     assert probabilities.shape == (3, 6) and torch.allclose(probabilities, expected, atol=1e-4)

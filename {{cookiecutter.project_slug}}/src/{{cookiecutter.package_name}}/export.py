@@ -4,10 +4,12 @@ The exported model takes a batch of uint8 RGB images, N x 3 x S x S (S: the trai
 printed), and returns class probabilities; normalisation is inside. `pt2` is a torch.export
 program (torch.export.load); `onnx` needs `pip install onnx onnxscript` (the `export` extra).
 Both are checked against the PyTorch model on real images, and the largest difference printed;
-ONNX through onnxruntime when it is installed.
+ONNX through onnxruntime when it is installed. An ONNX file is one file holding its weights (up to
+ONNX's 2 GB), and its metadata names the classes and the preprocessing.
 """
 
 import argparse
+import json
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from .model import ImageClassifier
 
 # Exported and PyTorch probabilities may differ by float rounding, never by more than this.
 TOLERANCE = 1e-4
+# A protobuf file holds at most 2 GB: larger weights go to a .data file beside the .onnx.
+ONNX_SINGLE_FILE_BYTES = 1_800_000_000
 
 
 class ServedClassifier(nn.Module):
@@ -43,17 +47,36 @@ def sample_images(sources: list[Path], side: int, count: int = 8) -> torch.Tenso
     return torch.stack([transform(read_rgb(str(path))) for path in paths])
 
 
-def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Path) -> torch.Tensor:
+def onnx_metadata(model: ImageClassifier, side: int) -> dict[str, str]:
+    """What a server needs besides the graph: the classes, and the preprocessing of its input."""
+    return {
+        "class_names": json.dumps(model.label_names()),
+        "image_size": str(side),
+        "input": f"uint8 RGB images, N x 3 x {side} x {side}; scaling and normalisation are inside the model",
+        "preprocessing": f"resize the shorter side to {side} px (antialiased), then center-crop {side} x {side}",
+        "output": "class probabilities, in the order of class_names",
+    }
+
+
+def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Path, metadata: dict) -> torch.Tensor:
     """Write the exported model to `output` and return its probabilities for `images`."""
     batch = torch.export.Dim("batch", min=1, max=1024)
     if form == "pt2":
         program = torch.export.export(served, (images,), dynamic_shapes={"images": {0: batch}})
         torch.export.save(program, output)
         return torch.export.load(output).module()(images)
+    size = sum(t.numel() * t.element_size() for t in [*served.parameters(), *served.buffers()])
     torch.onnx.export(
         served, (images,), output, dynamo=True, input_names=["images"], output_names=["probabilities"],
-        dynamic_shapes={"images": {0: batch}},
+        dynamic_shapes={"images": {0: batch}}, external_data=size > ONNX_SINGLE_FILE_BYTES,
     )  # fmt: skip
+    if size > ONNX_SINGLE_FILE_BYTES:
+        print(f"The weights ({size / 1e9:.1f} GB) are in {output}.data beside it: ONNX files hold at most 2 GB.")
+    import onnx
+
+    program = onnx.load(str(output), load_external_data=False)
+    onnx.helper.set_model_props(program, metadata)
+    onnx.save(program, str(output))
     if find_spec("onnxruntime") is None:
         return None
     import onnxruntime
@@ -87,7 +110,7 @@ def main(args: list[str]) -> int:
     output = options.output or options.checkpoint.with_suffix(f".{options.format}")
     with torch.no_grad():
         expected = served(images)
-        exported = export(served, images, options.format, output)
+        exported = export(served, images, options.format, output, onnx_metadata(model, side))
     print(f"Wrote {output}: uint8 images N x 3 x {side} x {side} in, {expected.shape[1]} class probabilities out.")
     if exported is None:
         print("Not run: onnxruntime is not installed (pip install onnxruntime), so no comparison was made.")
