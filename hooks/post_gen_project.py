@@ -38,6 +38,8 @@ RENDERED_BY_CRUFT = {{ "True" if cookiecutter._commit is defined and cookiecutte
 # "1" runs the environment and smoke-test steps even in CI or without a terminal; "0" never runs
 # them. A template update's temporary render never runs them.
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
+# PyTorch's CPU-only wheels, for projects that train on the CPU; the variable points at a mirror.
+CPU_WHEELS = os.environ.get("LIGHTNING_TEMPLATE_CPU_WHEELS", "https://download.pytorch.org/whl/cpu")
 LOG = Path("runs") / "smoke-test" / "setup.log"
 VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
 UNSELECTED = {
@@ -147,6 +149,7 @@ def make_environment() -> str | None:
         say(f"Using {sys.executable} as it is (with src/ on PYTHONPATH); nothing was installed into it.")
         return sys.executable
 
+    cpu_wheels = cpu_wheel_index()
     unreachable = package_index_unreachable()
     if unreachable:
         raise StepFailed(["(package index)"], f"{unreachable}; when online: {install_hint(choice)}")
@@ -156,11 +159,32 @@ def make_environment() -> str | None:
         say("uv is not installed (https://docs.astral.sh/uv/): using python -m venv and pip instead.")
     if choice == "uv" and uv:
         step("Making .venv with uv", [uv, "venv", "--quiet", "--python", interpreter_for_venv(), ".venv"])
-        step("Installing the project and its dependencies with uv", [uv, "pip", "install", "--python", VENV_PYTHON, "-e", ".[dev]"], show=True)  # fmt: skip
+        install = [uv, "pip", "install", "--python", VENV_PYTHON]
     else:
         step("Making .venv", [interpreter_for_venv(), "-m", "venv", ".venv"])
-        step("Installing the project and its dependencies with pip (torch is large: minutes)", [VENV_PYTHON, "-m", "pip", "install", "-e", ".[dev]"], show=True)  # fmt: skip
+        install = [VENV_PYTHON, "-m", "pip", "install"]
+    if cpu_wheels:
+        # First, alone: the project's install then keeps this torch, which satisfies its requirement.
+        step("Installing PyTorch's CPU build", [*install, "torch", "torchvision", "--index-url", cpu_wheels], show=True)
+    step("Installing the project and its dependencies (torch is large: minutes)", [*install, "-e", ".[dev]"], show=True)
     return VENV_PYTHON
+
+
+def cpu_wheel_index() -> str | None:
+    """PyTorch's index of CPU-only wheels, for a project that trains on the CPU, on Linux (where the
+    default torch is a CUDA build, about 5 GB against 1 GB), when it answers; else None."""
+    accelerator = ANSWERS["accelerator"]
+    if not sys.platform.startswith("linux") or accelerator not in ("cpu", "auto"):
+        return None  # PyPI's torch for macOS and Windows holds no CUDA already
+    if accelerator == "auto" and (shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists()):
+        return None  # auto on a machine with an NVIDIA GPU: it will train there
+    why = unreachable(CPU_WHEELS)
+    if why:
+        say(f"PyTorch's CPU wheels: {why}; installing the default torch instead, a CUDA build (about 5 GB).")
+        return None
+    reason = "accelerator=cpu" if accelerator == "cpu" else "accelerator=auto and no NVIDIA GPU here"
+    say(f"{reason}: torch from PyTorch's CPU wheels ({CPU_WHEELS}), about 1 GB instead of 5.")
+    return CPU_WHEELS
 
 
 MISSING_MODULES = (
@@ -186,9 +210,14 @@ def interpreter_for_venv() -> str:
 
 def package_index_unreachable() -> str | None:
     """Why the package index cannot be reached, tried in seconds rather than an installer's minutes."""
+    why = unreachable(os.environ.get("UV_INDEX_URL") or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple")
+    return f"the package index {why}" if why else None
+
+
+def unreachable(url: str) -> str | None:
+    """Why `url`'s server cannot be reached, or None (also when a proxy decides)."""
     if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY")):
         return None  # a proxy decides; the installers' own timeouts apply
-    url = os.environ.get("UV_INDEX_URL") or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https"):
         return None
@@ -196,7 +225,7 @@ def package_index_unreachable() -> str | None:
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
         socket.create_connection((parsed.hostname, port), timeout=5).close()
     except OSError as error:
-        return f"the package index {parsed.hostname} cannot be reached ({error})"
+        return f"{parsed.hostname} cannot be reached ({error})"
     return None
 
 
@@ -271,7 +300,7 @@ def step(title: str, command: list[str], show: bool = False) -> None:
 
 
 def run_logged(command: list[str], allow_failure: bool = False, show: bool = False) -> str:
-    """Run a command into the log (and onto the screen when `show`); return its standard output."""
+    """Run a command into the log, with a progress line on a terminal when `show`; return its standard output."""
     env = os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": f"src{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.setdefault("PIP_DEFAULT_TIMEOUT", "30")
     env.setdefault("UV_HTTP_TIMEOUT", "30")
@@ -280,12 +309,15 @@ def run_logged(command: list[str], allow_failure: bool = False, show: bool = Fal
         log.write(f"\n$ {' '.join(command)}\n")
         log.flush()
         stderr = subprocess.STDOUT if show else log
+        show = show and sys.stdout.isatty()
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env) as process:
-            for line in process.stdout:
+            for count, line in enumerate(process.stdout, 1):
                 output.append(line)
                 log.write(line)
-                if show:
-                    print(f"    {line}", end="", flush=True)
+                if show:  # one line, rewritten in place: the installers' hundreds of lines stay in the log
+                    print(f"\r    {count:>4} lines, the last: {line.strip()[:60]:<60}", end="", flush=True)
+        if show:
+            print()
     if process.returncode != 0 and not allow_failure:
         raise StepFailed(command, likely_fix(LOG.read_text()))
     return "".join(output)

@@ -1,10 +1,13 @@
 """The post-generation hook: git, the environment, the smoke test, and what it says."""
 
+import contextlib
+import http.server
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,9 @@ FORCE = "LIGHTNING_TEMPLATE_SETUP"
 
 # Variables that would change what the hook does, whatever machine the tests run on.
 UNSET = ("CI", FORCE, "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "PIP_INDEX_URL", "UV_INDEX_URL")
+CPU_WHEELS = "LIGHTNING_TEMPLATE_CPU_WHEELS"
+# A closed port on this machine: the tests never reach out to PyTorch's index.
+CLOSED = "http://127.0.0.1:9"
 
 
 def generate(output_dir: Path, env: dict[str, str], timeout: int = 1800, **answers: str) -> subprocess.CompletedProcess:
@@ -22,9 +28,67 @@ def generate(output_dir: Path, env: dict[str, str], timeout: int = 1800, **answe
     return run_bounded(
         [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args],
         timeout,
-        env={key: value for key, value in os.environ.items() if key not in UNSET} | env,
+        env={key: value for key, value in os.environ.items() if key not in UNSET} | {CPU_WHEELS: CLOSED} | env,
         stdin=subprocess.DEVNULL,
     )
+
+
+@contextlib.contextmanager
+def package_index():
+    """A package index on 127.0.0.1 that has no package: the URL, and the paths asked of it."""
+    asked: list[str] = []
+
+    class Nothing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Nothing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", asked
+    finally:
+        server.shutdown()
+
+
+def with_uv(env: dict[str, str]) -> dict[str, str]:
+    uv_dir = str(Path(sys.executable).parent)  # uv comes with the test dependencies
+    return env | {"PATH": f"{uv_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="elsewhere PyPI's torch is a CPU build already")
+def test_a_cpu_project_installs_torch_from_pytorchs_cpu_wheels(tmp_path):
+    with package_index() as (index, asked):
+        env = with_uv({FORCE: "1", CPU_WHEELS: f"{index}/whl/cpu", "UV_INDEX_URL": f"{index}/simple"})
+        result = generate(tmp_path, env, timeout=120, setup_env="uv", smoke_test="yes", accelerator="cpu")
+    assert f"accelerator=cpu: torch from PyTorch's CPU wheels ({index}/whl/cpu)" in result.stdout, result.stdout
+    # The index has nothing, so the install stops there, at the command that asked it for torch.
+    failed = next(line for line in result.stdout.splitlines() if line.startswith("Failed command:"))
+    assert failed.endswith(f"pip install --python .venv/bin/python torch torchvision --index-url {index}/whl/cpu")
+    assert "/whl/cpu/torch/" in asked
+    # No terminal: the installer's lines go to the log only.
+    assert "No solution found" not in result.stdout
+    assert "No solution found" in (tmp_path / "image-classifier/runs/smoke-test/setup.log").read_text()
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "cpu_index_up", "said"),
+    [
+        ("cpu", False, "PyTorch's CPU wheels: 127.0.0.1 cannot be reached"),
+        ("gpu", True, None),  # a GPU project keeps the default, CUDA build, without asking
+    ],
+)
+def test_a_cpu_index_out_of_reach_or_a_gpu_project_keeps_the_default_torch(tmp_path, accelerator, cpu_index_up, said):
+    with package_index() as (index, asked):
+        cpu_wheels = f"{index if cpu_index_up else CLOSED}/whl/cpu"
+        env = {FORCE: "1", CPU_WHEELS: cpu_wheels, "UV_INDEX_URL": f"{CLOSED}/simple"}
+        result = generate(tmp_path, with_uv(env), timeout=60, setup_env="uv", smoke_test="yes", accelerator=accelerator)
+    assert "environment setup failed" in result.stdout  # the default index is closed too: nothing is installed
+    assert ("CPU wheels" in result.stdout) is (said is not None) and (said or "") in result.stdout, result.stdout
+    assert asked == []
 
 
 @pytest.mark.parametrize(
