@@ -81,6 +81,18 @@ def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, 
     assert expected in refusal(monkeypatch, capsys, *fit(data))
 
 
+def test_predict_on_a_folder_without_classes_points_at_classify(monkeypatch, capsys, trained, tiny_shapes):
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    loose = trained / "photos"
+    loose.mkdir()
+    for image in sorted((tiny_shapes / "test").rglob("*.png"))[:3]:
+        shutil.copy(image, loose / image.name)
+    data = [f"--data.data_dir={loose}", "--data.synthetic=false", "--data.num_workers=0"]
+    capsys.readouterr()  # the training run's lines
+    message = refusal(monkeypatch, capsys, "predict", *ON_CPU, *data, f"--ckpt_path={checkpoint}")
+    assert f"{loose} has no class folders" in message and f"classify {loose} --checkpoint" in message
+
+
 def test_the_traceback_is_there_when_asked_for(monkeypatch, in_project_copy, tiny_shapes):
     monkeypatch.setenv(TRACEBACK_VARIABLE, "1")
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *fit(tiny_shapes, "--data.batch_size=0")])

@@ -20,8 +20,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from . import benchmark, classify, consolidate, curves, doctor, export, tune
 from .callbacks import EndWithLauncher
-from .data import ImageDataModule
-from .errors import UserError, one_line, wants_traceback
+from .data import ImageDataModule, TooFewClassesError
+from .errors import DataError, UserError, one_line, wants_traceback
 from .hardware import check_hardware
 from .model import ImageClassifier
 from .progress import LogLines
@@ -164,6 +164,19 @@ class ClassifierCLI(LightningCLI):
         if self.subcommand != "fit":
             # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.
             self.save_config_kwargs["config_filename"] = f"config_{self.subcommand}.yaml"
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except TooFewClassesError as error:
+            if self.subcommand != "predict":
+                raise
+            # The data module reads class folders; images without labels are classify's business.
+            raise DataError(
+                f"{error.folder} has no class folders, and predict runs a checkpoint over a dataset laid out in "
+                f"them (its test/ or validation images). For a folder of unlabelled images: "
+                f"python -m {{ cookiecutter.package_name }} classify {error.folder} --checkpoint <file.ckpt>"
+            ) from error
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)

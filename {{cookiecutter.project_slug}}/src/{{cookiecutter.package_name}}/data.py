@@ -333,13 +333,21 @@ def normalize_images(images: torch.Tensor) -> torch.Tensor:
     return normalize(to_dtype(images, torch.float32, scale=True), IMAGENET_MEAN, IMAGENET_STD)
 
 
-def find_classes(folder: Path) -> list[str]:
-    classes = _subfolders(folder)
-    if len(classes) < 2:
-        raise DataError(
+class TooFewClassesError(DataError):
+    """A data folder with fewer than two class folders."""
+
+    def __init__(self, folder: Path, classes: list[str]) -> None:
+        self.folder = folder
+        super().__init__(
             f"{folder} has {len(classes)} class folder(s) ({', '.join(classes) or 'none'}); a classifier needs "
             "at least two: put each class's images in a folder of its own under it."
         )
+
+
+def find_classes(folder: Path) -> list[str]:
+    classes = _subfolders(folder)
+    if len(classes) < 2:
+        raise TooFewClassesError(folder, classes)
     return classes
 
 
