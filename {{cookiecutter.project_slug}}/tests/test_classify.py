@@ -5,7 +5,7 @@ import shutil
 import sys
 
 import pytest
-from conftest import refusal
+from conftest import ON_CPU, refusal
 
 from {{ cookiecutter.package_name }}.classify import image_files
 from {{ cookiecutter.package_name }}.cli import main
@@ -69,3 +69,22 @@ def test_images_in_a_folder_under_a_hidden_one_are_found(tiny_shapes, tmp_path):
     (photos / ".ipynb_checkpoints").mkdir()
     shutil.copy(next(photos.rglob("*.png")), photos / ".ipynb_checkpoints" / "copy.png")
     assert image_files([photos]) == sorted(photos.rglob("[!.]*/*.png"))
+
+
+def test_the_default_checkpoint_is_the_best_that_training_recorded(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    # A recipe whose best checkpoint goes by the validation loss, under a name of its own.
+    (in_project_copy / "mine.yaml").write_text(
+        "trainer:\n"
+        "  callbacks:\n"
+        "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args: {monitor: val/loss, mode: min, filename: 'lowest-loss-{epoch}'}\n"
+        "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args: {filename: last, enable_version_counter: false}\n"
+    )
+    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
+    run_cli(monkeypatch, "fit", "--config=mine.yaml", *ON_CPU, *data, "--trainer.max_epochs=2",
+            "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.logger=false")  # fmt: skip
+    (best,) = in_project_copy.glob("checkpoints/lowest-loss-*.ckpt")
+    capsys.readouterr()
+    classify(monkeypatch, str(tiny_shapes / "test"), "--runs=.")
+    assert f"{best.name}: predictions.csv" in capsys.readouterr().err

@@ -22,13 +22,22 @@ from .resume import check_checkpoint
 
 
 def best_checkpoint(runs: Path) -> Path:
-    """The best-scoring checkpoint (epochNNN-accX.XXXX.ckpt) of the newest run, else its last.ckpt."""
+    """The best checkpoint of the newest run, as its ModelCheckpoint recorded it in last.ckpt
+    (whatever the metric it monitors or its file names), else that last.ckpt."""
     lasts = sorted(runs.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
     if not lasts:
         raise MissingError(f"No checkpoint under {runs}: train a model first, or pass --checkpoint.")
-    folder = lasts[-1].parent
-    scored = sorted(folder.glob("epoch*-acc*.ckpt"), key=lambda path: float(path.stem.rsplit("-acc", 1)[1]))
-    return scored[-1] if scored else lasts[-1]
+    last = lasts[-1]
+    states = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("callbacks", {})
+    for key, state in states.items():
+        best = state.get("best_model_path") if key.startswith("ModelCheckpoint") else None
+        # The callback that monitors a metric: the one for last.ckpt monitors none ('monitor': None).
+        if best and "'monitor': None" not in key:
+            # Recorded as the path the run saw, maybe relative to another folder: look beside last.ckpt.
+            found = next((path for path in (Path(best), last.parent / Path(best).name) if path.exists()), None)
+            if found is not None:
+                return found
+    return last
 
 
 def image_files(inputs: list[Path]) -> list[Path]:
