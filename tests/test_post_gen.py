@@ -3,11 +3,15 @@
 import contextlib
 import http.server
 import os
+import pty
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +76,43 @@ def test_a_cpu_project_installs_torch_from_pytorchs_cpu_wheels(tmp_path):
     # No terminal: the installer's lines go to the log only.
     assert "No solution found" not in result.stdout
     assert "No solution found" in (tmp_path / "image-classifier/runs/smoke-test/setup.log").read_text()
+
+
+def test_on_a_terminal_the_installer_output_is_one_progress_line(tmp_path):
+    primary, secondary = pty.openpty()
+    with package_index() as (index, _):
+        env = with_uv({FORCE: "1", CPU_WHEELS: f"{index}/whl/cpu", "UV_INDEX_URL": f"{index}/simple"})
+        env = {key: value for key, value in os.environ.items() if key not in UNSET} | env
+        command = [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--no-input",
+            "-o",
+            str(tmp_path),
+            str(TEMPLATE),
+            "accelerator=cpu",
+        ]
+        process = subprocess.Popen(command, stdout=secondary, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                   env=env, start_new_session=True)  # fmt: skip
+        os.close(secondary)
+        chunks, deadline = [], time.monotonic() + 120
+        try:
+            with contextlib.suppress(OSError):  # EIO once every writer has closed the terminal
+                while time.monotonic() < deadline:
+                    if select.select([primary], [], [], 1)[0]:
+                        chunks.append(os.read(primary, 4096))
+                    elif process.poll() is not None:
+                        break
+            assert process.wait(timeout=10) == 0
+        finally:
+            os.close(primary)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    printed = b"".join(chunks).decode()
+    # uv's two lines, each shown in place of the one before, then a newline; none printed on its own.
+    assert "\r       2 lines, the last: cause: Because torch was not found" in printed, printed
+    assert "\n    error: No solution found" not in printed
 
 
 @pytest.mark.parametrize(
