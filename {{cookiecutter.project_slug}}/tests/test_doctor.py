@@ -13,7 +13,8 @@ GPU = {"name": "Tesla V100", "capability": "7.0", "memory_gib": 32.0, "bf16": Fa
 
 
 def config(**trainer) -> dict:
-    return {"trainer": {"accelerator": "cpu", "precision": "32-true", "strategy": "auto"} | trainer, "data": {}}
+    trainer = {"accelerator": "cpu", "precision": "32-true", "strategy": "auto"} | trainer
+    return {"trainer": trainer, "data": doctor.data_defaults()}
 
 
 def failures(facts: dict, settings: dict) -> list[doctor.Check]:
@@ -47,7 +48,7 @@ def test_fp16_on_cpu_fails():
 
 
 def test_too_many_workers_warn():
-    settings = config(devices=2) | {"data": {"num_workers": 8}}
+    settings = config(devices=2) | {"data": doctor.data_defaults() | {"num_workers": 8}}
     warnings = [c for c in doctor.checks(NO_GPU, settings) if c.verdict == "warn"]
     assert any("exceed the 4 CPUs" in c.what for c in warnings)
 
@@ -55,9 +56,22 @@ def test_too_many_workers_warn():
 def test_small_shared_memory_warns(monkeypatch):
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: Usage(64 * 2**20, 0, 64 * 2**20))
-    settings = config() | {"data": {"num_workers": 2, "image_size": 224, "batch_size": 128}}
+    settings = config() | {"data": doctor.data_defaults() | {"num_workers": 2, "image_size": 224, "batch_size": 128}}
     warnings = [c for c in doctor.checks(NO_GPU, settings) if c.verdict == "warn"]
     assert any("/dev/shm" in c.what and "--shm-size" in c.fix for c in warnings)
+
+
+def test_options_a_config_leaves_out_are_the_data_modules_defaults(monkeypatch, tmp_path):
+    side = {{ cookiecutter.image_size }}  # the data module's default image size; the config leaves it out
+    needed = 2 * 2 * 64 * 3 * side * side * 4  # 2 workers x 2 prefetched batches of 64 float images
+    # Room for the default size, not for the 224 px that doctor used to assume in its place.
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: Usage(3 * needed, 0, 3 * needed))
+    (tmp_path / "mine.yaml").write_text("data:\n  num_workers: 2\n")
+    settings = doctor.read_config([tmp_path / "mine.yaml"])
+    assert settings["data"]["image_size"] == side and settings["data"]["batch_size"] == 64
+    (shared_memory,) = [c for c in doctor.checks(NO_GPU, settings) if "/dev/shm" in c.what]
+    assert shared_memory.verdict == "ok", shared_memory
 
 
 def test_doctor_command_reports_this_machine_as_json(monkeypatch, capsys, tmp_path):

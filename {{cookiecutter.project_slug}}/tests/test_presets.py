@@ -122,6 +122,14 @@ def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
         hardware.check_hardware({"accelerator": "gpu", "precision": "bf16-mixed", "strategy": fsdp2})
 
 
+def test_fsdp2_with_float16_is_refused_and_its_preset_never_asks_for_it(monkeypatch, in_project_copy):
+    # Whatever precision the project was generated with, the FSDP2 preset holds one that FSDP2 runs.
+    assert yaml.safe_load((in_project_copy / "configs/trainer/fsdp.yaml").read_text())["trainer"]["precision"] in (
+        "bf16-mixed", "32-true")  # fmt: skip
+    with pytest.raises(SystemExit, match="FSDP2 .* has no float16 loss scaling"):
+        run_cli(monkeypatch, "fit", "--config=configs/trainer/fsdp.yaml", "--trainer.precision=16-mixed")
+
+
 @pytest.mark.parametrize(
     ("strategy", "name"),
     [

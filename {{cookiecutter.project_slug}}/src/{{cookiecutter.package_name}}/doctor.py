@@ -5,6 +5,7 @@ same as data (the post-generation smoke test reads it).
 """
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from .data import auto_workers, usable_cpus
+from .data import ImageDataModule, auto_workers, usable_cpus
 from .hardware import CUDA_ONLY, strategy_class_name
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import has_api_key
@@ -71,9 +72,16 @@ def _cudnn_version() -> str | None:
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
+def data_defaults() -> dict:
+    """The data module's defaults, from its signature, where LightningCLI reads them too."""
+    parameters = inspect.signature(ImageDataModule.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not p.empty}
+
+
 def read_config(paths: list[Path]) -> dict:
-    """The trainer and data sections of the config files, later files winning key by key."""
-    config: dict = {"trainer": {}, "data": {}}
+    """The trainer and data sections of the config files, later files winning key by key, the data
+    section over the data module's defaults."""
+    config: dict = {"trainer": {}, "data": data_defaults()}
     for path in paths:
         loaded = yaml.safe_load(path.read_text()) or {}
         for section in config:
@@ -166,7 +174,7 @@ def describe_target(accelerator: str, facts: dict) -> str:
 
 def data_checks(facts: dict, data: dict, devices: int) -> list[Check]:
     cpus = facts["cpus"]
-    workers = data.get("num_workers", "auto")
+    workers = data["num_workers"]
     workers = auto_workers(cpus, devices) if workers == "auto" else int(workers)
     found = []
     if workers * devices > cpus:
@@ -183,9 +191,9 @@ def data_checks(facts: dict, data: dict, devices: int) -> list[Check]:
     shm = shutil.disk_usage("/dev/shm").total if os.path.isdir("/dev/shm") else None
     if shm is not None and workers > 0:
         # Workers hand batches over in shared memory: prefetched float batches of every device.
-        side = int(data.get("image_size", 224))
-        batch = int(data.get("batch_size", 64)) * 3 * side * side * 4
-        needed = batch * workers * int(data.get("prefetch_factor", 2)) * devices
+        side = int(data["image_size"])
+        batch = int(data["batch_size"]) * 3 * side * side * 4
+        needed = batch * workers * int(data["prefetch_factor"]) * devices
         if shm < 2 * needed:
             found.append(
                 Check(

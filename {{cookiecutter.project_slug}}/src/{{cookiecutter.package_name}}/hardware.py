@@ -41,6 +41,11 @@ def check_hardware(trainer: dict) -> None:
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not on_cuda and not torch.backends.mps.is_available())
 
     strategy = strategy_class_name(trainer.get("strategy", "auto"))
+    if strategy == "FSDP2Strategy" and precision.startswith("16"):
+        raise HardwareError(
+            f"FSDP2 (configs/trainer/fsdp.yaml) has no float16 loss scaling for precision {precision}: use "
+            "--trainer.precision bf16-mixed (Ampere or newer GPUs) or 32-true, or configs/trainer/ddp.yaml."
+        )
     engine = CUDA_ONLY.get(strategy)
     if engine and not on_cuda:
         where = "no CUDA GPU is visible" if accelerator in ("gpu", "cuda", "auto") else f"accelerator is {accelerator}"
