@@ -82,6 +82,12 @@ def test_ddp_splits_the_data_into_one_run(in_project_copy, uneven_shapes):
     names, best, last = sorted(path.name for path in (runs[0] / "checkpoints").iterdir())
     assert (names, last) == ("class_names.json", "last.ckpt") and best.startswith("epoch000-acc")
 
+    # Evaluating a checkpoint on both processes logs its step and epoch once, with no warning.
+    checkpoint = f"--ckpt_path={runs[0] / 'checkpoints' / last}"
+    evaluated = fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
+                    *data(uneven_shapes, batch_size=11), checkpoint, command="validate")  # fmt: skip
+    assert "sync_dist" not in evaluated.stdout + evaluated.stderr
+
 
 def by_hand(logits: torch.Tensor, labels: torch.Tensor, stage: str) -> dict[str, float]:
     """The logged metrics of `stage` over these images, written out from their definitions."""

@@ -127,7 +127,8 @@ class ImageClassifier(L.LightningModule):
         logged "step" for the loggers' step), so its numbers sit at the end of the curves of the run
         it evaluates, not at step 0."""
         if self.trainer.state.fn != TrainerFn.FITTING and self.trained_until:
-            self.log_dict({name: float(value) for name, value in self.trained_until.items()})
+            # The same on every process: synced only so that Lightning need not warn that it is not.
+            self.log_dict({name: float(value) for name, value in self.trained_until.items()}, sync_dist=True)
 
     def _epoch(self) -> int:
         """The epoch of the weights being evaluated: the current one in fit, else the checkpoint's."""
