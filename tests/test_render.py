@@ -44,6 +44,7 @@ MODULES = [
     "shapes",
     "sharding",
     "tune",
+    "tuned_config",
 ]
 TESTS = [
     "conftest",

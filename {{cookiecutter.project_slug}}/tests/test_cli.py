@@ -1,17 +1,20 @@
+import ast
 import csv
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import refusal
+from conftest import command_env, refusal
 {%- if cookiecutter.logger == "tensorboard" %}
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 {%- endif %}
 
-from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }} import cli
+from {{ cookiecutter.package_name }}.cli import TOOLS, main
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.shapes import CLASSES
 
@@ -126,3 +129,34 @@ def test_misspelt_option_names_the_closest_one(monkeypatch, capsys, in_project_c
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, "fit", typo)
     assert "Did you mean model.backbone" in capsys.readouterr().err
+
+
+def test_fit_loads_no_other_commands_code():
+    # Each tool is imported by its own command only: `fit` pays for none of them.
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "{{ cookiecutter.package_name }}", "fit", "--help"],
+                          capture_output=True, text=True, env=command_env(), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = set(re.findall(r"\|\s+{{ cookiecutter.package_name }}\.(\w+)\s*$", done.stderr, re.MULTILINE))
+    assert "cli" in imported and imported.isdisjoint(TOOLS.values()), imported & set(TOOLS.values())
+
+
+def test_the_package_imports_form_no_cycle():
+    # Imports inside functions count: they must not be a way around a cycle.
+    package = Path(cli.__file__).parent
+    imports = {
+        module.stem: {
+            node.module or name.name
+            for node in ast.walk(ast.parse(module.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.level == 1
+            for name in node.names
+        }
+        for module in package.glob("*.py")
+    }
+
+    def reaches(start: str, path: tuple[str, ...]) -> None:
+        for target in imports.get(start, ()):
+            assert target not in path, f"import cycle: {' -> '.join([*path, target])}"
+            reaches(target, (*path, target))
+
+    for module in imports:
+        reaches(module, (module,))

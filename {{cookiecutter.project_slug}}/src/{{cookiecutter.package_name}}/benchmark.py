@@ -9,32 +9,19 @@ Options after the command are the usual CLI options (--config, --data.batch_size
 
 import argparse
 import time
-import warnings
 
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
 
+from .cli import build
 from .data import ImageDataModule, auto_workers, usable_cpus
 from .errors import ConfigError
 from .model import ImageClassifier
-from .tune import TUNED_CONFIG, update_tuned_config
+from .tuned_config import TUNED_CONFIG, update_tuned_config
 
 # More workers count as faster only past this margin: timing noise must not add idle processes.
 BETTER_BY = 1.05
-
-
-def build(cli_args: list[str]):
-    """The model, data and trainer that `fit` would build from the same configuration and options."""
-    from .cli import DEFAULT_CONFIGS, ClassifierCLI
-
-    configs = [arg for path in DEFAULT_CONFIGS if path.is_file() for arg in ("--config", str(path))]
-    with warnings.catch_warnings():  # the options are in sys.argv too, behind `benchmark data|train`
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        # No config.yaml: a benchmark is not a run to reproduce.
-        return ClassifierCLI(
-            ImageClassifier, ImageDataModule, save_config_callback=None, run=False, args=[*configs, *cli_args]
-        )
 
 
 def loader_speed(data: ImageDataModule, workers: int, batches: int) -> float:

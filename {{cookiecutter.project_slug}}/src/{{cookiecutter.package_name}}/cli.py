@@ -1,13 +1,16 @@
-"""The command line: LightningCLI over ImageClassifier and ImageDataModule.
+"""The command line: LightningCLI over ImageClassifier and ImageDataModule, and the table of the
+project's other commands.
 
 Every option is an `__init__` argument of the model, the data module or the Trainer; YAML files
 hold them, composed by repeating --config (the later file wins).
 """
 
 import difflib
+import importlib
 import re
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -18,7 +21,6 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from . import benchmark, classify, consolidate, curves, doctor, export, tune
 from .callbacks import EndWithLauncher
 from .data import ImageDataModule, TooFewClassesError
 from .errors import DataError, UserError, one_line, wants_traceback
@@ -38,14 +40,16 @@ DEFAULT_CONFIGS = [Path("configs/trainer/{{ cookiecutter.__trainer_preset }}.yam
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # The command line being run.
 GIVEN: list[str] = []
-# This project's commands beside LightningCLI's fit, validate, test and predict (and doctor).
+# This project's commands beside LightningCLI's fit, validate, test and predict: the module of each,
+# whose main(argv) -> int runs it. Imported only when its command runs, so `fit` loads none of them.
 TOOLS = {
-    "benchmark": benchmark.main,
-    "classify": classify.main,
-    "consolidate": consolidate.main,
-    "export": export.main,
-    "report": curves.main,
-    "tune": tune.main,
+    "benchmark": "benchmark",
+    "classify": "classify",
+    "consolidate": "consolidate",
+    "doctor": "doctor",
+    "export": "export",
+    "report": "curves",
+    "tune": "tune",
 }
 
 
@@ -193,6 +197,17 @@ class ClassifierCLI(LightningCLI):
     before_fit = before_validate = before_test = before_predict = check_run
 
 
+def build(cli_args: list[str]) -> ClassifierCLI:
+    """The model, data and trainer that `fit` would build from the same configuration and options."""
+    configs = [arg for path in DEFAULT_CONFIGS if path.is_file() for arg in ("--config", str(path))]
+    with warnings.catch_warnings():  # the options are in sys.argv too, behind the tool's own command
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        # No config.yaml: a measurement is not a run to reproduce.
+        return ClassifierCLI(
+            ImageClassifier, ImageDataModule, save_config_callback=None, run=False, args=[*configs, *cli_args]
+        )
+
+
 def main(args: list[str] | None = None) -> None:
     silence_dependency_noise()
     try:
@@ -208,10 +223,8 @@ def main(args: list[str] | None = None) -> None:
 
 def run_command(command: list[str], args: list[str] | None) -> None:
     GIVEN[:] = command  # for the messages of parse errors, which see no arguments
-    if command[:1] == ["doctor"]:
-        sys.exit(doctor.main(command[1:], DEFAULT_CONFIGS))
     if command[:1] and command[0] in TOOLS:
-        sys.exit(TOOLS[command[0]](command[1:]))
+        sys.exit(importlib.import_module(f".{TOOLS[command[0]]}", __package__).main(command[1:]))
     defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from .cli import DEFAULT_CONFIGS
 from .data import ImageDataModule, auto_workers, usable_cpus
 from .hardware import CUDA_ONLY, strategy_class_name
 {%- if cookiecutter.logger == "wandb" %}
@@ -217,12 +218,12 @@ def wandb_check() -> Check:
 {%- endif %}
 
 
-def main(args: list[str], default_configs: list[Path]) -> int:
+def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", type=Path, help="files to check (default: the CLI's)")
     parser.add_argument("--json", action="store_true", help="print the machine and the checks as JSON")
     options = parser.parse_args(args)
-    paths = options.config or [path for path in default_configs if path.is_file()]
+    paths = options.config or [path for path in DEFAULT_CONFIGS if path.is_file()]
     facts = machine()
     found = checks(facts, read_config(paths))
     if options.json:

@@ -11,17 +11,16 @@ Results go into configs/tuned.yaml, beside what `benchmark data` wrote there; tr
 
 import argparse
 import math
-import platform
-from datetime import date
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-import yaml
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.tuner import Tuner
 
-TUNED_CONFIG = Path("configs/tuned.yaml")
+from .cli import build
+from .tuned_config import TUNED_CONFIG, update_tuned_config
+
 LR_CURVE = Path("runs/tune/lr_find.png")
 # The range test searches RANGE times below and above the current rate; a suggestion more than
 # BAND times away from it is shown but written only with --write: a short, noisy range test is
@@ -38,19 +37,6 @@ DIVERGED = 4
 MIN_STEPS_PER_EPOCH = 8
 
 
-def update_tuned_config(section: str, key: str, value, how: str) -> None:
-    """Set one option in configs/tuned.yaml, keeping the others and a comment line on how each was found."""
-    text = TUNED_CONFIG.read_text() if TUNED_CONFIG.is_file() else ""
-    tuned = yaml.safe_load(text) or {}
-    replaced = f"# {section}.{key}:"
-    notes = [line for line in text.splitlines()[1:] if line.startswith("# ") and not line.startswith(replaced)]
-    tuned.setdefault(section, {})[key] = value
-    notes.append(f"# {section}.{key}: {how}; on {platform.node()}, {date.today()}")
-    header = f"# Measured on this machine. Use with: python -m {{ cookiecutter.package_name }} fit --config {TUNED_CONFIG}"
-    TUNED_CONFIG.parent.mkdir(parents=True, exist_ok=True)
-    TUNED_CONFIG.write_text("\n".join([header, *notes]) + "\n" + yaml.safe_dump(tuned, sort_keys=True))
-
-
 def suggest_lr(rates: list[float], losses: list[float]) -> float | None:
     """A tenth of the rate at the lowest smoothed loss of a range test, where the loss still falls
     fast, before it turns up. (Lightning's own suggestion, the steepest slope, lands on noise in
@@ -65,8 +51,6 @@ def suggest_lr(rates: list[float], losses: list[float]) -> float | None:
 
 def validation_after(cli_args: list[str], lr: float, epochs: int) -> tuple[float, float]:
     """(val/acc, val/loss) after `epochs` epochs at model.lr `lr`, from the configured seed."""
-    from .benchmark import build
-
     short = [f"--model.lr={lr}", f"--trainer.max_epochs={epochs}", "--trainer.num_sanity_val_steps=0"]
     cli = build([*cli_args, *short])
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -190,8 +174,6 @@ def find_batch_size(cli, max_trials: int) -> int:
 
 
 def main(args: list[str]) -> int:
-    from .benchmark import build
-
     parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} tune", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["lr", "batch_size"])
     parser.add_argument("--steps", type=int, default=200, help="lr: steps of the range test (%(default)s)")
