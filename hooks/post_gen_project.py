@@ -20,21 +20,11 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-ANSWERS = {
-    "project_slug": {{ cookiecutter.project_slug | tojson }},
-    "package_name": {{ cookiecutter.package_name | tojson }},
-    "python_version": {{ cookiecutter.python_version | tojson }},
-    "accelerator": {{ cookiecutter.accelerator | tojson }},
-    "devices": {{ cookiecutter.devices | tojson }},
-    "strategy": {{ cookiecutter.strategy | tojson }},
-    "precision": {{ cookiecutter.precision | tojson }},
-    "logger": {{ cookiecutter.logger | tojson }},
-    "setup_env": {{ cookiecutter.setup_env | tojson }},
-    "smoke_test": {{ cookiecutter.smoke_test | tojson }},
-}
+# Every answer as cookiecutter holds it, with its private keys (_output_dir; cruft's _commit).
+ANSWERS = json.loads(r"""{{ cookiecutter | jsonify }}""")
 PACKAGE = ANSWERS["package_name"]
 # cruft sets _commit and not _output_dir; cookiecutter sets _output_dir and not _commit.
-RENDERED_BY_CRUFT = {{ "True" if cookiecutter._commit is defined and cookiecutter._output_dir is not defined else "False" }}
+RENDERED_BY_CRUFT = "_commit" in ANSWERS and "_output_dir" not in ANSWERS
 # "1" runs the environment and smoke-test steps even in CI or without a terminal; "0" never runs
 # them. A template update's temporary render never runs them.
 FORCE = "LIGHTNING_TEMPLATE_SETUP"

@@ -8,22 +8,13 @@ that names it and the fix.
 from __future__ import annotations  # cookiecutter may run under a Python older than the project's
 
 import difflib
+import json
 import keyword
 import re
 import sys
 
-ANSWERS = {
-    "project_name": {{ cookiecutter.project_name | tojson }},
-    "python_version": {{ cookiecutter.python_version | tojson }},
-    "project_slug": {{ cookiecutter.project_slug | tojson }},
-    "package_name": {{ cookiecutter.package_name | tojson }},
-    "backbone": {{ cookiecutter.backbone | tojson }},
-    "image_size": {{ cookiecutter.image_size | tojson }},
-    "accelerator": {{ cookiecutter.accelerator | tojson }},
-    "devices": {{ cookiecutter.devices | tojson }},
-    "strategy": {{ cookiecutter.strategy | tojson }},
-    "precision": {{ cookiecutter.precision | tojson }},
-}
+# Every answer as cookiecutter holds it.
+ANSWERS = json.loads(r"""{{ cookiecutter | jsonify }}""")
 
 # Importing the project under one of these names would import the other package instead, or break it.
 TAKEN_NAMES = {

@@ -5,6 +5,11 @@ import os
 import subprocess
 import sys
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 import pytest
 from conftest import QUIET, TEMPLATE, is_valid, run_bounded
 
@@ -98,3 +103,15 @@ def test_a_backbone_our_list_lacks_is_looked_up_in_torchvision(tmp_path, torchvi
     result = run_cookiecutter(out, env=os.environ | {"PYTHONPATH": str(fake.parent)}, backbone=backbone)
     assert (result.returncode == 0) is accepted, result.stderr
     assert (out / "image-classifier/configs/default.yaml").is_file() is accepted
+
+
+def test_answers_with_quotes_and_backslashes_reach_the_project_intact(tmp_path):
+    # The hooks read the answers as JSON in a raw string; the project quotes them for TOML and Python.
+    description = "Triple \"\"\" and single ''' quotes, a back\\slash and a trailing one\\"
+    author = 'Ann "the Annotator" O\\Brien'
+    result = run_cookiecutter(tmp_path, project_name='Say "Hi" \\ there', description=description, author_name=author)
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "say-hi-there"
+    metadata = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert metadata["description"] == description and metadata["authors"] == [{"name": author}]
+    assert ast.get_docstring(ast.parse((project / "src/say_hi_there/__init__.py").read_text())) == description

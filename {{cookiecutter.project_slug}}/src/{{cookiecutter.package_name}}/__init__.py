@@ -1,4 +1,4 @@
-"""{{ cookiecutter.description }}"""
+"""{{ cookiecutter.description | replace("\\", "\\\\") | replace('"', '\\"') }}"""
 
 from .data import ImageDataModule
 from .model import ImageClassifier
