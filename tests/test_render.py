@@ -37,6 +37,7 @@ MODULES = [
     "hardware",
     "metrics",
     "model",
+    "predictions",
     "progress",
     "quiet",
     "reports",

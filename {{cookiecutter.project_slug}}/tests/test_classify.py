@@ -88,3 +88,20 @@ def test_the_default_checkpoint_is_the_best_that_training_recorded(monkeypatch, 
     capsys.readouterr()
     classify(monkeypatch, str(tiny_shapes / "test"), "--runs=.")
     assert f"{best.name}: predictions.csv" in capsys.readouterr().err
+
+
+def test_predict_writes_each_test_images_top_classes_as_classify_does(monkeypatch, trained, tiny_shapes):
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=5"]
+    run_cli(monkeypatch, "predict", *ON_CPU, *data, f"--ckpt_path={checkpoint}")
+    with (checkpoint.parent.parent / "reports" / "predictions_test.csv").open(newline="") as file:
+        predicted = list(csv.DictReader(file))
+    # classify reads and transforms the same images on its own path: the same classes, the same numbers.
+    rows = classify(monkeypatch, str(tiny_shapes / "test"), f"--checkpoint={checkpoint}")
+    classified = {row["path"]: row for row in rows}
+    assert sorted(row["path"] for row in predicted) == sorted(classified) and len(predicted) == 6 * 4
+    for row in predicted:
+        same = classified[row["path"]]
+        for k in (1, 2, 3):
+            assert row[f"class_{k}"] == same[f"class_{k}"]
+            assert float(row[f"probability_{k}"]) == pytest.approx(float(same[f"probability_{k}"]), abs=1e-5)

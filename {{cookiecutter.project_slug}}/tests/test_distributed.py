@@ -88,6 +88,14 @@ def test_ddp_splits_the_data_into_one_run(in_project_copy, uneven_shapes):
                     *data(uneven_shapes, batch_size=11), checkpoint, command="validate")  # fmt: skip
     assert "sync_dist" not in evaluated.stdout + evaluated.stderr
 
+    # predict on both processes: one CSV from rank 0 with every test image once.
+    fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
+        *data(uneven_shapes, batch_size=5), checkpoint, command="predict")  # fmt: skip
+    (predictions,) = in_project_copy.glob("runs/dist/*/reports/predictions_test.csv")
+    with predictions.open(newline="") as file:
+        paths = [row["path"] for row in csv.DictReader(file)]
+    assert sorted(paths) == sorted(str(path) for path in (uneven_shapes / "test").glob("*/*.png"))
+
 
 def by_hand(logits: torch.Tensor, labels: torch.Tensor, stage: str) -> dict[str, float]:
     """The logged metrics of `stage` over these images, written out from their definitions."""

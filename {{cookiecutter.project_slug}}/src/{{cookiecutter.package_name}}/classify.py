@@ -18,6 +18,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from .data import UnreadableImageError, build_eval_transform, image_files_under, normalize_images, read_rgb
 from .errors import DataError, MissingError
 from .model import ImageClassifier
+from .predictions import csv_header, csv_row, top_classes
 from .resume import check_checkpoint
 
 
@@ -84,9 +85,7 @@ def classify(model: ImageClassifier, paths: list[Path], side: int, batch_size: i
             continue
         with torch.inference_mode():
             probabilities = model(normalize_images(torch.stack(batch).to(device))).float().softmax(-1)
-        top = probabilities.topk(min(top_k, probabilities.shape[1]), dim=-1)
-        for path, values, indices in zip(readable, top.values.tolist(), top.indices.tolist(), strict=True):
-            yield path, [(names[index], value) for index, value in zip(indices, values, strict=True)]
+        yield from zip(readable, top_classes(probabilities, names, top_k), strict=True)
 
 
 def main(args: list[str]) -> int:
@@ -112,10 +111,9 @@ def main(args: list[str]) -> int:
     written = 0
     with options.output.open("w", newline="") as file:
         writer = csv.writer(file)
-        ranks = range(1, options.top_k + 1)
-        writer.writerow(["path", *(column for k in ranks for column in (f"class_{k}", f"probability_{k}"))])
+        writer.writerow(csv_header(options.top_k))
         for path, top in rows:
-            writer.writerow([str(path), *(item for name, value in top for item in (name, f"{value:.6f}"))])
+            writer.writerow(csv_row(path, top))
             written += 1
     print(f"Classified {written} of {len(paths)} images with {checkpoint}: {options.output}", file=sys.stderr)
     return 0
