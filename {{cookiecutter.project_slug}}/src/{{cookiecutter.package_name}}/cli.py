@@ -165,7 +165,7 @@ class ClassifierCLI(LightningCLI):
             bars = [c for c in config.trainer.callbacks if str(c.get("class_path", "")).endswith("ProgressBar")]
             config.trainer.callbacks = [c for c in config.trainer.callbacks if c not in bars]
         resolve_resume(config, self.subcommand)
-        if self.subcommand != "fit":
+        if self.subcommand in ("validate", "test", "predict"):
             # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.
             self.save_config_kwargs["config_filename"] = f"config_{self.subcommand}.yaml"
 
