@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import command_env, refusal
+from jsonargparse import Namespace
 
-from {{ cookiecutter.package_name }} import checkpoint_io
+from {{ cookiecutter.package_name }} import checkpoint_io, resume
 from {{ cookiecutter.package_name }}.cli import main
 
 TRAINER = [
@@ -88,6 +89,14 @@ def test_auto_on_a_finished_run_says_how_to_train_longer(monkeypatch, caplog, in
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch, "--ckpt_path=auto")
     assert "already reached max_epochs=1" in caplog.text and "--trainer.max_epochs=<more>" in caplog.text
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2, "nothing more was trained"
+
+
+def test_the_limit_check_does_not_read_a_sharded_checkpoint_folder(in_project_copy):
+    # FSDP and DeepSpeed save last.ckpt as a folder of shards: the resume must not torch.load it.
+    shards = in_project_copy / "runs" / "resume" / "version_0" / "checkpoints" / "last.ckpt"
+    shards.mkdir(parents=True)
+    (shards / ".metadata").write_bytes(b"")
+    assert resume.limit_reached(shards, Namespace(max_epochs=1, max_steps=-1)) is None
 
 
 def test_an_evaluation_logs_into_the_run_of_its_checkpoint_at_its_step(monkeypatch, in_project_copy, tiny_shapes):

@@ -62,6 +62,8 @@ def resolve_resume(config: Namespace, subcommand: str) -> None:
 
 def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:
     """`max_epochs=N` or `max_steps=N` when the run saved in `checkpoint` has done that much."""
+    if checkpoint.is_dir():
+        return None  # shards of FSDP or DeepSpeed: no cheap read of the loop state; Lightning will tell
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
     epochs = saved.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed")
     if trainer.get("max_steps") and trainer.max_steps > 0 and saved.get("global_step", 0) >= trainer.max_steps:
