@@ -129,12 +129,11 @@ def make_environment() -> str | None:
     if choice == "current":
         missing = run_logged([sys.executable, "-c", MISSING_MODULES], allow_failure=True).strip()
         if missing:
-            install = f"cd {shlex.quote(str(Path.cwd()))} && {shlex.quote(sys.executable)} -m pip install -e '.[dev]'"
-            with LOG.open("a") as log:  # the log the failure report names says it too
-                log.write(f"# {sys.executable} lacks {missing}. To install them into it: {install}\n")
+            fix = f"cd {shlex.quote(str(Path.cwd()))} && {shlex.quote(sys.executable)} -m pip install -e '.[dev]'"
+            note(f"{sys.executable} lacks {missing}. To install them into it: {fix}")  # the log the report names
             raise StepFailed(
                 [sys.executable, "-c", "import torch, lightning, ..."],
-                f"this Python lacks {missing}: install them into it with `{install}`, or choose setup_env=uv or venv",
+                f"this Python lacks {missing}: install them into it with `{fix}`, or choose setup_env=uv or venv",
             )
         say(f"Using {sys.executable} as it is (with src/ on PYTHONPATH); nothing was installed into it.")
         return sys.executable
@@ -349,6 +348,11 @@ def print_next_steps(python: str | None) -> None:
 
 def say(message: str) -> None:
     print(message, flush=True)
+    note(message)
+
+
+def note(message: str) -> None:
+    """A line in the log only."""
     if LOG.parent.is_dir():
         with LOG.open("a") as log:
             log.write(f"# {message}\n")

@@ -31,9 +31,9 @@ def best_checkpoint(runs: Path) -> Path:
     last = lasts[-1]
     states = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("callbacks", {})
     for key, state in states.items():
-        best = state.get("best_model_path") if key.startswith("ModelCheckpoint") else None
-        # The callback that monitors a metric: the one for last.ckpt monitors none ('monitor': None).
-        if best and "'monitor': None" not in key:
+        # The callback that monitors a metric: the one that writes last.ckpt monitors none.
+        best = state.get("best_model_path") if key.startswith("ModelCheckpoint") and state.get("monitor") else None
+        if best:
             # Recorded as the path the run saw, maybe relative to another folder: look beside last.ckpt.
             found = next((path for path in (Path(best), last.parent / Path(best).name) if path.exists()), None)
             if found is not None:

@@ -65,18 +65,15 @@ def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Pa
         program = torch.export.export(served, (images,), dynamic_shapes={"images": {0: batch}})
         torch.export.save(program, output)
         return torch.export.load(output).module()(images)
-    size = sum(t.numel() * t.element_size() for t in [*served.parameters(), *served.buffers()])
-    torch.onnx.export(
-        served, (images,), output, dynamo=True, input_names=["images"], output_names=["probabilities"],
-        dynamic_shapes={"images": {0: batch}}, external_data=size > ONNX_SINGLE_FILE_BYTES,
+    program = torch.onnx.export(
+        served, (images,), dynamo=True, input_names=["images"], output_names=["probabilities"],
+        dynamic_shapes={"images": {0: batch}},
     )  # fmt: skip
+    program.model.metadata_props.update(metadata)
+    size = sum(t.numel() * t.element_size() for t in [*served.parameters(), *served.buffers()])
+    program.save(str(output), external_data=size > ONNX_SINGLE_FILE_BYTES)
     if size > ONNX_SINGLE_FILE_BYTES:
         print(f"The weights ({size / 1e9:.1f} GB) are in {output}.data beside it: ONNX files hold at most 2 GB.")
-    import onnx
-
-    program = onnx.load(str(output), load_external_data=False)
-    onnx.helper.set_model_props(program, metadata)
-    onnx.save(program, str(output))
     if find_spec("onnxruntime") is None:
         return None
     import onnxruntime

@@ -122,19 +122,22 @@ class ImageClassifier(L.LightningModule):
         self._log_at_checkpoint()
         write_report(self.trainer, self.test_confusion, self.label_names(), "test", self._epoch())
 
+    def _evaluated_checkpoint(self) -> dict[str, int] | None:
+        """The epoch and step of the checkpoint an evaluation runs on; None in fit or without one."""
+        return None if self.trainer.state.fn == TrainerFn.FITTING else self.trained_until
+
     def _log_at_checkpoint(self) -> None:
         """An evaluation of a checkpoint logs at the checkpoint's step and epoch (Lightning takes a
         logged "step" for the loggers' step), so its numbers sit at the end of the curves of the run
         it evaluates, not at step 0."""
-        if self.trainer.state.fn != TrainerFn.FITTING and self.trained_until:
+        if position := self._evaluated_checkpoint():
             # The same on every process: synced only so that Lightning need not warn that it is not.
-            self.log_dict({name: float(value) for name, value in self.trained_until.items()}, sync_dist=True)
+            self.log_dict({name: float(value) for name, value in position.items()}, sync_dist=True)
 
     def _epoch(self) -> int:
         """The epoch of the weights being evaluated: the current one in fit, else the checkpoint's."""
-        if self.trainer.state.fn == TrainerFn.FITTING or not self.trained_until:
-            return self.trainer.current_epoch
-        return self.trained_until["epoch"]
+        position = self._evaluated_checkpoint()
+        return position["epoch"] if position else self.trainer.current_epoch
 
     def label_names(self) -> list[str]:
         """The class names, or the class indices as text when the model has no names."""

@@ -63,12 +63,13 @@ class BestModelWandbLogger(WandbLogger):
 
     @property
     def experiment(self):
-        # Lightning passes anonymous=None, which W&B takes for a setting, warning at every start.
-        if self._experiment is None and "anonymous" in self._wandb_init and self._wandb_init["anonymous"] is None:
-            del self._wandb_init["anonymous"]
-        if self._experiment is None and self._wandb_init.get("dir"):
+        if self._experiment is None:  # before W&B starts
+            # Lightning passes anonymous=None, which W&B takes for a setting, warning at every start.
+            if self._wandb_init.get("anonymous", False) is None:
+                del self._wandb_init["anonymous"]
             # W&B looks for a git repository from its folder and warns when that does not exist yet.
-            Path(self._wandb_init["dir"]).mkdir(parents=True, exist_ok=True)
+            if self._wandb_init.get("dir"):
+                Path(self._wandb_init["dir"]).mkdir(parents=True, exist_ok=True)
         return super().experiment
 
     def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:
