@@ -10,6 +10,12 @@ from pathlib import Path
 import pytest
 from cookiecutter.main import cookiecutter
 
+# tomllib for the tests, on every Python the template supports.
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # noqa: F401 (imported by the tests from here)
+
 TEMPLATE = Path(__file__).resolve().parents[1]
 
 # Answers that need no environment and start no smoke test: the tests do those steps themselves.

@@ -5,13 +5,8 @@ import os
 import subprocess
 import sys
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 import pytest
-from conftest import QUIET, TEMPLATE, is_valid, run_bounded
+from conftest import QUIET, TEMPLATE, is_valid, run_bounded, tomllib
 
 
 def run_cookiecutter(output_dir, env=None, **answers: str) -> subprocess.CompletedProcess:

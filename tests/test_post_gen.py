@@ -27,14 +27,19 @@ CPU_WHEELS = "LIGHTNING_TEMPLATE_CPU_WHEELS"
 CLOSED = "http://127.0.0.1:9"
 
 
-def generate(output_dir: Path, env: dict[str, str], timeout: int = 1800, **answers: str) -> subprocess.CompletedProcess:
+def hook_env(env: dict[str, str]) -> dict[str, str]:
+    """This environment without what would change the hook's course, PyTorch's index out of reach, then `env`."""
+    return {key: value for key, value in os.environ.items() if key not in UNSET} | {CPU_WHEELS: CLOSED} | env
+
+
+def cookiecutter_command(output_dir: Path, python: str | Path = sys.executable, **answers: str) -> list:
     args = [f"{key}={value}" for key, value in answers.items()]
-    return run_bounded(
-        [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args],
-        timeout,
-        env={key: value for key, value in os.environ.items() if key not in UNSET} | {CPU_WHEELS: CLOSED} | env,
-        stdin=subprocess.DEVNULL,
-    )
+    return [python, "-m", "cookiecutter", "--no-input", "-o", str(output_dir), str(TEMPLATE), *args]
+
+
+def generate(output_dir: Path, env: dict[str, str], timeout: int = 1800, **answers: str) -> subprocess.CompletedProcess:
+    command = cookiecutter_command(output_dir, **answers)
+    return run_bounded(command, timeout, env=hook_env(env), stdin=subprocess.DEVNULL)
 
 
 @contextlib.contextmanager
@@ -48,7 +53,7 @@ def package_index():
             self.send_error(404)
 
         def log_message(self, *args):
-            pass
+            """No request lines in the test's output."""
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Nothing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -82,19 +87,9 @@ def test_on_a_terminal_the_installer_output_is_one_progress_line(tmp_path):
     primary, secondary = pty.openpty()
     with package_index() as (index, _):
         env = with_uv({FORCE: "1", CPU_WHEELS: f"{index}/whl/cpu", "UV_INDEX_URL": f"{index}/simple"})
-        env = {key: value for key, value in os.environ.items() if key not in UNSET} | env
-        command = [
-            sys.executable,
-            "-m",
-            "cookiecutter",
-            "--no-input",
-            "-o",
-            str(tmp_path),
-            str(TEMPLATE),
-            "accelerator=cpu",
-        ]
+        command = cookiecutter_command(tmp_path, accelerator="cpu")
         process = subprocess.Popen(command, stdout=secondary, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                   env=env, start_new_session=True)  # fmt: skip
+                                   env=hook_env(env), start_new_session=True)  # fmt: skip
         os.close(secondary)
         chunks, deadline = [], time.monotonic() + 120
         try:
@@ -235,9 +230,8 @@ def test_current_python_without_torch_names_what_is_missing_and_the_command_that
     subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True)
     python = bare / "bin" / "python"
     subprocess.run([python, "-m", "pip", "install", "-q", "cookiecutter"], check=True, timeout=600)
-    env = {key: value for key, value in os.environ.items() if key not in UNSET} | {FORCE: "1"}
-    args = ["--no-input", "-o", str(tmp_path / "out"), str(TEMPLATE), "setup_env=current", "smoke_test=yes"]
-    result = run_bounded([python, "-m", "cookiecutter", *args], 300, env=env, stdin=subprocess.DEVNULL)
+    command = cookiecutter_command(tmp_path / "out", python, setup_env="current", smoke_test="yes")
+    result = run_bounded(command, 300, env=hook_env({FORCE: "1"}), stdin=subprocess.DEVNULL)
     project = tmp_path / "out" / "image-classifier"
     assert result.returncode == 0 and "environment setup failed" in result.stdout, result.stdout + result.stderr
     install = f"{python} -m pip install -e '.[dev]'"
@@ -249,8 +243,7 @@ def test_current_python_without_torch_names_what_is_missing_and_the_command_that
 @pytest.mark.slow
 def test_fresh_uv_environment_passes_the_smoke_test(tmp_path):
     """The whole path with a new .venv made by uv (its package cache makes repeated runs quick)."""
-    uv_dir = str(Path(sys.executable).parent)  # uv comes with the test dependencies
-    env = {FORCE: "1", "WANDB_MODE": "offline", "PATH": f"{uv_dir}{os.pathsep}{os.environ['PATH']}"}
+    env = with_uv({FORCE: "1", "WANDB_MODE": "offline"})
     result = generate(tmp_path, env, setup_env="uv", smoke_test="yes")
     assert "smoke test passed" in result.stdout, result.stdout[-5000:] + result.stderr[-3000:]
     project = tmp_path / "image-classifier"

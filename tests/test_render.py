@@ -5,14 +5,9 @@ import re
 import subprocess
 import sys
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 import pytest
 import yaml
-from conftest import TEMPLATE, answer_matrix, render, run_bounded
+from conftest import TEMPLATE, answer_matrix, render, run_bounded, tomllib
 
 MATRIX = answer_matrix()
 

@@ -18,6 +18,13 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # The tests run on CPU whatever hardware the project was generated for.
 ON_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
 
+
+def on_data(data_dir: Path, batch_size: int = 8) -> list[str]:
+    """Options for a dataset on disk, read without data workers."""
+    return [f"--data.data_dir={data_dir}", "--data.synthetic=false", "--data.num_workers=0",
+            f"--data.batch_size={batch_size}"]  # fmt: skip
+
+
 # Tests never talk to a W&B server, whatever the machine's login.
 os.environ["WANDB_MODE"] = "offline"
 

@@ -5,7 +5,7 @@ import shutil
 import sys
 
 import pytest
-from conftest import ON_CPU, refusal
+from conftest import ON_CPU, on_data, refusal
 
 from {{ cookiecutter.package_name }}.classify import image_files
 from {{ cookiecutter.package_name }}.cli import main
@@ -81,8 +81,7 @@ def test_the_default_checkpoint_is_the_best_that_training_recorded(monkeypatch, 
         "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
         "      init_args: {filename: last, enable_version_counter: false}\n"
     )
-    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
-    run_cli(monkeypatch, "fit", "--config=mine.yaml", *ON_CPU, *data, "--trainer.max_epochs=2",
+    run_cli(monkeypatch, "fit", "--config=mine.yaml", *ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=2",
             "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.logger=false")  # fmt: skip
     (best,) = in_project_copy.glob("checkpoints/lowest-loss-*.ckpt")
     capsys.readouterr()
@@ -92,8 +91,7 @@ def test_the_default_checkpoint_is_the_best_that_training_recorded(monkeypatch, 
 
 def test_predict_writes_each_test_images_top_classes_as_classify_does(monkeypatch, trained, tiny_shapes):
     (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
-    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=5"]
-    run_cli(monkeypatch, "predict", *ON_CPU, *data, f"--ckpt_path={checkpoint}")
+    run_cli(monkeypatch, "predict", *ON_CPU, *on_data(tiny_shapes, batch_size=5), f"--ckpt_path={checkpoint}")
     with (checkpoint.parent.parent / "reports" / "predictions_test.csv").open(newline="") as file:
         predicted = list(csv.DictReader(file))
     # classify reads and transforms the same images on its own path: the same classes, the same numbers.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import command_env, refusal
+from conftest import ON_CPU, command_env, on_data, refusal
 {%- if cookiecutter.logger == "tensorboard" %}
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 {%- endif %}
@@ -19,16 +19,11 @@ from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.shapes import CLASSES
 
 # The tests run on CPU whatever hardware the project was generated for.
-ON_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
 
 
 def run_cli(monkeypatch, *args: str) -> None:
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
     main()
-
-
-def on_data(data_dir: Path) -> list[str]:
-    return [f"--data.data_dir={data_dir}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
 
 
 def test_fast_dev_run_through_the_command_line(monkeypatch, in_project_copy, tiny_shapes):

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ON_CPU, refusal
+from conftest import ON_CPU, on_data, refusal
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
@@ -87,9 +87,8 @@ def test_predict_on_a_folder_without_classes_points_at_classify(monkeypatch, cap
     loose.mkdir()
     for image in sorted((tiny_shapes / "test").rglob("*.png"))[:3]:
         shutil.copy(image, loose / image.name)
-    data = [f"--data.data_dir={loose}", "--data.synthetic=false", "--data.num_workers=0"]
     capsys.readouterr()  # the training run's lines
-    message = refusal(monkeypatch, capsys, "predict", *ON_CPU, *data, f"--ckpt_path={checkpoint}")
+    message = refusal(monkeypatch, capsys, "predict", *ON_CPU, *on_data(loose), f"--ckpt_path={checkpoint}")
     assert f"{loose} has no class folders" in message and f"classify {loose} --checkpoint" in message
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import lightning as L
 import pytest
 import torch
-from conftest import ON_CPU
+from conftest import ON_CPU, on_data
 from torch.nn.functional import cross_entropy
 
 from {{ cookiecutter.package_name }} import progress
@@ -57,9 +57,8 @@ def test_lines_every_n_steps_and_per_epoch_with_the_epochs_numbers(monkeypatch, 
 @pytest.mark.parametrize("terminal", [False, True])
 def test_output_that_is_no_terminal_gets_lines_for_a_bar(monkeypatch, capsys, in_project_copy, tiny_shapes, terminal):
     monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)
-    data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
     short = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *ON_CPU, *data, *short])
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *ON_CPU, *on_data(tiny_shapes), *short])
     main()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch 0/0  done")]
     assert len(lines) == (0 if terminal else 1)
