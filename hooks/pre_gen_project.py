@@ -8,10 +8,13 @@ that names it and the fix.
 from __future__ import annotations  # cookiecutter may run under a Python older than the project's
 
 import difflib
+import importlib.util
 import json
 import keyword
+import os
 import re
 import sys
+from pathlib import Path
 
 # Every answer as cookiecutter holds it.
 ANSWERS = json.loads(r"""{{ cookiecutter | jsonify }}""")
@@ -58,6 +61,35 @@ def is_torchvision_classifier(name: str) -> bool:
         return False
 
 
+# The project's own hardware rules (which accelerator, strategy, precision and devices go together),
+# in the template's project folder, whose name is a template variable.
+HARDWARE_RULES = "{*}/src/{*}/hardware_rules.py"
+
+
+def hardware_rules_file() -> Path | None:
+    """The rules in the template's folder: cookiecutter's _repo_dir (relative to where it started,
+    if relative), or where cookiecutter and cruft run hooks from, their own working directory,
+    which Linux shows to another process."""
+    repo = ANSWERS.get("_repo_dir") or ANSWERS.get("_template", "")
+    for folder in (Path(repo), Path(os.environ.get("PWD", "")) / repo, Path(f"/proc/{os.getppid()}/cwd")):
+        found = next(folder.glob(HARDWARE_RULES), None) if folder.is_dir() else None
+        if found:
+            return found
+    return None
+
+
+def hardware_problems(answers: dict[str, str]) -> list[str]:
+    path = hardware_rules_file()
+    if path is None:
+        print("note: the template's hardware rules were not found; the project checks them when it trains.")
+        return []
+    spec = importlib.util.spec_from_file_location("hardware_rules", path)
+    rules = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = rules  # dataclasses look their module up while they are made
+    spec.loader.exec_module(rules)
+    return [f"{problem.what}: {problem.answers_fix}." for problem in rules.problems(rules.from_answers(answers))]
+
+
 def problems(answers: dict[str, str]) -> list[str]:
     found = []
     slug, package = answers["project_slug"], answers["package_name"]
@@ -91,20 +123,10 @@ def problems(answers: dict[str, str]) -> list[str]:
     size = answers["image_size"]
     if not size.isdigit() or not 16 <= int(size) <= 4096:
         found.append(f"image_size {size!r} is not a side in pixels between 16 and 4096 (e.g. image_size=224).")
-    devices, accelerator = answers["devices"], answers["accelerator"]
+    devices = answers["devices"]
     if devices != "auto" and not (devices.isdigit() and int(devices) > 0):
         found.append(f"devices {devices!r} is neither a positive whole number nor auto (e.g. devices=1).")
-    strategy, precision = answers["strategy"], answers["precision"]
-    if strategy in ("fsdp", "deepspeed") and accelerator in ("cpu", "mps"):
-        found.append(f"strategy {strategy} needs NVIDIA GPUs: choose accelerator=gpu, or strategy=auto or ddp.")
-    if accelerator == "mps" and (strategy != "auto" or devices not in ("1", "auto")):
-        found.append("Apple's mps backend trains on one device: choose devices=1 and strategy=auto.")
-    if precision == "16-mixed" and strategy == "fsdp":
-        found.append(
-            "strategy fsdp (FSDP2) runs in bf16-mixed or 32-true, not 16-mixed: choose one of those, or strategy ddp."
-        )
-    if precision == "16-mixed" and accelerator == "cpu":
-        found.append("precision 16-mixed (float16 AMP) does not run on CPU: choose bf16-mixed or 32-true.")
+    found += hardware_problems(answers)
     return found
 
 

@@ -1,9 +1,11 @@
 import contextlib
+import importlib.util
 import itertools
 import os
 import signal
 import site
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -35,16 +37,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def load_hardware_rules():
+    """The generated project's hardware rules, which the pre-generation hook loads the same way."""
+    path = TEMPLATE / "{{cookiecutter.project_slug}}" / "src" / "{{cookiecutter.package_name}}" / "hardware_rules.py"
+    spec = importlib.util.spec_from_file_location("hardware_rules", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while they are made
+    spec.loader.exec_module(module)
+    return module
+
+
+hardware_rules = load_hardware_rules()
+
+
 def is_valid(answers: dict[str, str]) -> bool:
     """The combinations the template accepts; the pre-generation hook refuses the others."""
-    accelerator, strategy = answers["accelerator"], answers["strategy"]
-    if strategy in ("fsdp", "deepspeed") and accelerator in ("cpu", "mps"):
-        return False
-    if accelerator == "mps" and (strategy != "auto" or answers.get("devices", "1") not in ("1", "auto")):
-        return False
-    if answers["precision"] == "16-mixed" and strategy == "fsdp":
-        return False
-    return not (answers["precision"] == "16-mixed" and accelerator == "cpu")
+    return not hardware_rules.problems(hardware_rules.from_answers(answers))
 
 
 def answer_matrix() -> list[dict[str, str]]:

@@ -79,6 +79,15 @@ def test_update_brings_template_changes_and_keeps_the_users_work(tmp_path, templ
     run(CRUFT, "check", cwd=project)
 
 
+def test_cruft_create_checks_the_hardware_answers_too(tmp_path, template_repo):
+    # cruft gives the hooks no _repo_dir: the pre-generation hook finds the template another way.
+    answers = {"accelerator": "cpu", "precision": "16-mixed"}
+    refused = run(CRUFT, "create", "--no-input", str(template_repo), "--output-dir", str(tmp_path / "out"),
+                  "--extra-context", json.dumps(answers), cwd=tmp_path, status=1)  # fmt: skip
+    assert "ERROR: precision 16-mixed is float16 autocast for GPUs" in refused, refused
+    assert not (tmp_path / "out" / "image-classifier").exists()
+
+
 def test_a_cookiecutter_project_keeps_its_answers_and_links_to_cruft(tmp_path, template_repo):
     answers = {"project_name": "Défect Spotter 2", "logger": "tensorboard", "strategy": "ddp", "precision": "32-true"}
     project = render(tmp_path, **answers)

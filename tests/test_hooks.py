@@ -30,11 +30,23 @@ REFUSED = [
     ({"image_size": "8"}, "image_size '8'"),
     ({"devices": "0"}, "devices '0'"),
     ({"devices": "two"}, "devices 'two'"),
-    ({"accelerator": "cpu", "strategy": "deepspeed"}, "strategy deepspeed needs NVIDIA GPUs"),
-    ({"accelerator": "mps", "strategy": "fsdp"}, "strategy fsdp needs NVIDIA GPUs"),
-    ({"accelerator": "cpu", "precision": "16-mixed"}, "16-mixed (float16 AMP) does not run on CPU"),
-    ({"accelerator": "gpu", "strategy": "fsdp", "precision": "16-mixed"}, "FSDP2) runs in bf16-mixed or 32-true"),
-    ({"accelerator": "mps", "devices": "2"}, "mps backend trains on one device"),
+    (
+        {"accelerator": "cpu", "strategy": "deepspeed"},
+        "DeepSpeed runs on NVIDIA GPUs only, and accelerator is cpu: "
+        "choose accelerator gpu or auto, or strategy auto or ddp.",
+    ),
+    ({"accelerator": "mps", "strategy": "ddp"}, "MPS backend trains on one device in one process: choose devices 1"),
+    (
+        {"accelerator": "cpu", "precision": "16-mixed"},
+        "16-mixed is float16 autocast for GPUs; on the CPU it is slow "
+        "emulation: choose precision bf16-mixed or 32-true.",
+    ),
+    (
+        {"accelerator": "gpu", "strategy": "fsdp", "precision": "16-mixed"},
+        "FSDP2 (configs/trainer/fsdp.yaml) has no "
+        "float16 loss scaling for precision 16-mixed: choose precision bf16-mixed or 32-true, or strategy ddp.",
+    ),
+    ({"accelerator": "mps", "devices": "2"}, "MPS backend trains on one device in one process"),
 ]
 
 
@@ -110,3 +122,12 @@ def test_answers_with_quotes_and_backslashes_reach_the_project_intact(tmp_path):
     metadata = tomllib.loads((project / "pyproject.toml").read_text())["project"]
     assert metadata["description"] == description and metadata["authors"] == [{"name": author}]
     assert ast.get_docstring(ast.parse((project / "src/say_hi_there/__init__.py").read_text())) == description
+
+
+def test_a_template_given_by_a_relative_path_still_checks_the_hardware(tmp_path):
+    # cookiecutter's _repo_dir is then relative to where it started, not to the hook's folder.
+    args = ["accelerator=cpu", "precision=16-mixed", *(f"{key}={value}" for key, value in QUIET.items())]
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(tmp_path), TEMPLATE.name, *args]
+    result = run_bounded(command, 120, cwd=TEMPLATE.parent, env=os.environ | {"PWD": str(TEMPLATE.parent)})
+    assert result.returncode != 0 and "16-mixed is float16 autocast for GPUs" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -198,7 +198,8 @@ def test_current_python_runs_the_smoke_test(tmp_path):
     assert "smoke test passed" in result.stdout, result.stdout
     project = tmp_path / "image-classifier"
     assert list(project.glob("runs/smoke-test/version_*/checkpoints/last.ckpt"))
-    assert f"Full log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
+    assert f"Setup log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
+    assert f"Full log: {project / 'runs/smoke-test/smoke.log'}" in result.stdout  # the project's own smoke test
     assert "Ran fast_dev_run on accelerator auto, devices 1, strategy auto, precision bf16-mixed" in result.stdout
     assert f"PYTHONPATH=src {sys.executable} -m image_classifier fit" in result.stdout
 
@@ -208,8 +209,10 @@ def test_missing_gpu_falls_back_to_cpu_and_says_so(tmp_path):
     env = {FORCE: "1", "WANDB_MODE": "offline", "CUDA_VISIBLE_DEVICES": ""}
     result = generate(tmp_path, env, setup_env="current", smoke_test="yes", accelerator="gpu", precision="16-mixed")
     assert "smoke test passed" in result.stdout, result.stdout
-    assert "FALLBACK: accelerator gpu was chosen, but no such device is visible" in result.stdout
-    assert "accelerator cpu, devices 1, strategy auto, precision 32-true" in result.stdout
+    assert (
+        "FALLBACK: accelerator gpu, but no CUDA GPU is visible: the smoke test runs on accelerator cpu, devices 1, "
+        "strategy auto, precision 32-true instead." in result.stdout
+    )
 
 
 @pytest.mark.slow
@@ -219,8 +222,8 @@ def test_failed_smoke_test_keeps_the_project_and_points_at_the_log(tmp_path):
     result = generate(tmp_path, env, setup_env="current", smoke_test="yes", backbone="vit_b_16", image_size="64")
     project = tmp_path / "image-classifier"
     assert result.returncode == 0 and (project / "pyproject.toml").is_file()
-    assert "smoke test failed" in result.stdout
-    assert f"Full log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
+    assert "smoke test failed" in result.stdout and "Next:" not in result.stdout
+    assert f"Setup log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
     assert "vit_b_16 cannot take 64-pixel images" in result.stdout and "--data.image_size 224" in result.stdout
 
 

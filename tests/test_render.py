@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import TEMPLATE, answer_matrix, render, run_bounded, tomllib
+from conftest import TEMPLATE, answer_matrix, hardware_rules, render, run_bounded, tomllib
 
 MATRIX = answer_matrix()
 
@@ -30,6 +30,7 @@ MODULES = [
     "errors",
     "export",
     "hardware",
+    "hardware_rules",
     "metrics",
     "model",
     "predictions",
@@ -39,6 +40,7 @@ MODULES = [
     "resume",
     "shapes",
     "sharding",
+    "smoke_test",
     "tune",
     "tuned_config",
 ]
@@ -53,6 +55,7 @@ TESTS = [
     "test_doctor",
     "test_errors",
     "test_export",
+    "test_hardware_rules",
     "test_metrics",
     "test_model",
     "test_presets",
@@ -63,6 +66,7 @@ TESTS = [
     "test_safeguards",
     "test_shapes",
     "test_sharding",
+    "test_smoke_test",
     "test_tune",
     "test_warnings",
 ]
@@ -154,12 +158,11 @@ def test_render(tmp_path, answers):
     assert hardware["accelerator"] == answers["accelerator"]
     assert hardware["devices"] == (devices if devices == "auto" else int(devices))
     assert hardware["precision"] == answers["precision"]
-    strategy = {"auto": "auto", "ddp": "DDPStrategy", "fsdp": "FSDP2Strategy", "deepspeed": "DeepSpeedStrategy"}
-    if answers["strategy"] == "auto" and devices != "1":
-        strategy["auto"] = "DDPStrategy"  # several devices: data parallel
-    given = hardware["strategy"]
-    given = given["class_path"].rsplit(".", 1)[-1] if isinstance(given, dict) else given
-    assert given == strategy[answers["strategy"]]
+    # The settings the generation check judged are those the chosen preset trains with.
+    judged, rendered = hardware_rules.from_answers(answers), hardware_rules.from_trainer(hardware)
+    assert rendered.strategy == judged.strategy
+    assert (rendered.accelerator, rendered.precision, rendered.device_count) == (
+        judged.accelerator, judged.precision, judged.device_count)  # fmt: skip
     for executable in ("scripts/torchrun.sh", "scripts/slurm.sbatch"):
         assert os.access(project / executable, os.X_OK), f"{executable} lost its executable bit"
     logger_class = {"wandb": "WandbLogger", "tensorboard": "TensorBoardLogger", "csv": "CSVLogger"}

@@ -8,7 +8,7 @@ from {{ cookiecutter.package_name }} import doctor
 from {{ cookiecutter.package_name }}.cli import main
 
 NO_GPU = {"python": "3.11", "torch": "2.5", "cuda": None, "cudnn": None, "nccl": None, "gpus": [], "mps": False}
-NO_GPU["cpus"] = 4
+NO_GPU |= {"cpus": 4, "deepspeed": False}
 GPU = {"name": "Tesla V100", "capability": "7.0", "memory_gib": 32.0, "bf16": False, "tf32": False}
 
 
@@ -27,13 +27,13 @@ def test_a_cpu_config_on_a_cpu_machine_passes():
 
 def test_gpu_without_cuda_device_fails_with_a_fix():
     (failure,) = failures(NO_GPU, config(accelerator="gpu"))
-    assert "no CUDA device" in failure.what and "CUDA build of torch" in failure.fix
+    assert "no CUDA GPU is visible" in failure.what and "torch with CUDA" in failure.fix
 
 
 def test_more_devices_than_gpus_fails():
-    facts = NO_GPU | {"cuda": "12.4", "gpus": [GPU | {"bf16": True}] * 2}
+    facts = NO_GPU | {"cuda": "12.4", "nccl": "2.21.5", "gpus": [GPU | {"bf16": True}] * 2}
     (failure,) = failures(facts, config(accelerator="gpu", devices=4))
-    assert "2 GPU(s)" in failure.what and "devices to 2" in failure.fix
+    assert "2 CUDA GPU(s)" in failure.what and "--trainer.devices 2" in failure.fix
 
 
 def test_bf16_on_a_gpu_without_it_fails():
@@ -44,7 +44,7 @@ def test_bf16_on_a_gpu_without_it_fails():
 
 def test_fp16_on_cpu_fails():
     (failure,) = failures(NO_GPU, config(precision="16-mixed"))
-    assert "needs a CUDA GPU" in failure.what
+    assert "float16 autocast for GPUs" in failure.what
 
 
 def test_too_many_workers_warn():

@@ -13,7 +13,7 @@ from conftest import PROJECT_ROOT
 from jsonargparse import ArgumentParser
 from lightning.pytorch.strategies import Strategy
 
-from {{ cookiecutter.package_name }} import hardware
+from {{ cookiecutter.package_name }} import hardware, hardware_rules
 from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS, main
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.sharding import wrap_blocks
@@ -111,9 +111,9 @@ def test_fp16_on_the_cpu_is_refused(monkeypatch, in_project_copy):
 
 
 def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-32GB")
+    v100 = {"name": "Tesla V100-SXM2-32GB", "capability": "7.0", "memory_gib": 32.0, "bf16": False, "tf32": False}
+    facts = hardware.machine_facts() | {"cuda": "12.4", "nccl": "2.21.5", "gpus": [v100]}
+    monkeypatch.setattr(hardware, "machine_facts", lambda: facts)
     with pytest.raises(hardware.HardwareError, match="Tesla V100.*16-mixed"):
         hardware.check_hardware({"accelerator": "gpu", "precision": "bf16-mixed", "strategy": "auto"})
     hardware.check_hardware({"accelerator": "gpu", "precision": "16-mixed", "strategy": "ddp"})
@@ -142,4 +142,4 @@ def test_fsdp2_with_float16_is_refused_and_its_preset_never_asks_for_it(monkeypa
     ],
 )
 def test_strategy_names_as_users_write_them(strategy, name):
-    assert hardware.strategy_class_name(strategy) == name
+    assert hardware_rules.strategy_class_name(strategy) == name

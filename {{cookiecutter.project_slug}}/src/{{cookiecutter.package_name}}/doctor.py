@@ -1,25 +1,24 @@
 """`python -m {{ cookiecutter.package_name }} doctor`: is this machine ready to train this project?
 
 One line per check: a verdict, what was found and, where it fails, the fix. `--json` prints the
-same as data (the post-generation smoke test reads it).
+same as data; `--smoke` then trains for a few batches (smoke_test.py), as the project's generation did.
 """
 
 import argparse
 import inspect
 import json
 import os
-import platform
 import shutil
 from dataclasses import asdict, dataclass
-from importlib.util import find_spec
 from pathlib import Path
 
-import torch
 import yaml
 
 from .cli import DEFAULT_CONFIGS
-from .data import ImageDataModule, auto_workers, usable_cpus
-from .hardware import CUDA_ONLY, strategy_class_name
+from .data import ImageDataModule, auto_workers
+from .hardware import machine_facts, machine_of
+from .hardware_rules import from_trainer, problems, target
+from .smoke_test import smoke_test
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import has_api_key
 {%- endif %}
@@ -30,47 +29,6 @@ class Check:
     verdict: str  # "ok", "warn", "fail" or "info"
     what: str
     fix: str = ""
-
-
-def machine() -> dict:
-    """Versions and devices, as plain data."""
-    gpus = []
-    for index in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(index)
-        gpus.append(
-            {
-                "name": props.name,
-                "capability": f"{props.major}.{props.minor}",
-                "memory_gib": round(props.total_memory / 2**30, 1),
-                "bf16": props.major >= 8,
-                "tf32": props.major >= 8,
-            }
-        )
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": _cudnn_version(),
-        "nccl": _nccl_version() if gpus else None,
-        "gpus": gpus,
-        "mps": torch.backends.mps.is_available(),
-        "cpus": usable_cpus(),
-    }
-
-
-def _nccl_version() -> str | None:
-    try:
-        return ".".join(map(str, torch.cuda.nccl.version()))
-    except (AttributeError, RuntimeError):  # CUDA builds without NCCL, such as Windows'
-        return None
-
-
-def _cudnn_version() -> str | None:
-    if not torch.backends.cudnn.is_available():
-        return None
-    number = torch.backends.cudnn.version()  # 90100 for 9.1.0 (cuDNN 9), 8902 for 8.9.2 (cuDNN 8)
-    major, rest = divmod(number, 10000) if number >= 90000 else divmod(number, 1000)
-    return f"{major}.{rest // 100}.{rest % 100}"
 
 
 def data_defaults() -> dict:
@@ -92,16 +50,12 @@ def read_config(paths: list[Path]) -> dict:
 
 def checks(facts: dict, config: dict) -> list[Check]:
     trainer, data = config["trainer"], config["data"]
-    accelerator = str(trainer.get("accelerator", "auto"))
-    precision = str(trainer.get("precision", "32-true"))
-    strategy = strategy_class_name(trainer.get("strategy", "auto"))
-    devices = trainer.get("devices", "auto")
-    gpus = facts["gpus"]
+    settings = from_trainer(trainer)
     found: list[Check] = [
         Check("info", f"Python {facts['python']}, torch {facts['torch']}"),
         Check("info", cuda_line(facts)),
     ]
-    for index, gpu in enumerate(gpus):
+    for index, gpu in enumerate(facts["gpus"]):
         found.append(
             Check(
                 "info",
@@ -109,49 +63,17 @@ def checks(facts: dict, config: dict) -> list[Check]:
                 f"bf16 {'yes' if gpu['bf16'] else 'no'}, TF32 {'yes' if gpu['tf32'] else 'no'}",
             )
         )
-
-    if accelerator == "gpu" and not gpus:
-        fix = (
-            "install a CUDA build of torch (see pytorch.org)"
-            if not facts["cuda"]
-            else "check nvidia-smi and CUDA_VISIBLE_DEVICES"
+    machine = machine_of(facts)
+    hardware = problems(settings, machine)
+    found += [Check("fail", problem.what, problem.fix) for problem in hardware]
+    if not hardware:
+        where = {"cuda": f"{len(facts['gpus'])} CUDA GPU(s)", "mps": "Apple MPS"}.get(
+            target(settings, machine), f"CPU ({facts['cpus']} cores)"
         )
-        found.append(Check("fail", "accelerator gpu, but no CUDA device is visible", fix))
-    elif accelerator == "mps" and not facts["mps"]:
-        found.append(Check("fail", "accelerator mps, but Apple's MPS backend is not available", "use accelerator cpu"))
-    else:
-        found.append(Check("ok", f"accelerator {accelerator}: {describe_target(accelerator, facts)}"))
-
-    if accelerator in ("gpu", "auto") and gpus and str(devices).isdigit() and int(devices) > len(gpus):
-        found.append(
-            Check("fail", f"devices {devices}, but {len(gpus)} GPU(s) are visible", f"set devices to {len(gpus)}")
-        )
-
-    on_gpu = bool(gpus) and accelerator in ("gpu", "auto")
-    if precision.startswith("bf16") and on_gpu and not all(gpu["bf16"] for gpu in gpus):
-        found.append(Check("fail", f"precision {precision}, but a GPU lacks bf16", "use precision 16-mixed"))
-    elif precision.startswith("16") and not on_gpu:
-        found.append(Check("fail", f"precision {precision} needs a CUDA GPU", "use bf16-mixed or 32-true on CPU"))
-    else:
-        found.append(Check("ok", f"precision {precision}"))
-
-    if strategy in CUDA_ONLY and not on_gpu:
-        fix = "use configs/trainer/ddp.yaml or fsdp.yaml"
-        found.append(Check("fail", f"{CUDA_ONLY[strategy]} needs CUDA GPUs", fix))
-    if strategy == "DeepSpeedStrategy":
-        if find_spec("deepspeed") is None:
-            found.append(Check("fail", "DeepSpeed is not installed", 'pip install -e ".[deepspeed]"'))
-        else:
-            found.append(Check("ok", "DeepSpeed is installed"))
-    if strategy in ("DDPStrategy", "FSDPStrategy", "FSDP2Strategy", "DeepSpeedStrategy") and on_gpu:
-        nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
-        found.append(
-            Check("ok", "NCCL is available for multi-GPU")
-            if nccl
-            else Check("fail", "multi-GPU training needs NCCL, which this torch lacks", "get torch from pytorch.org")
-        )
-
-    found += data_checks(facts, data, devices if str(devices).isdigit() else max(1, len(gpus)))
+        found.append(Check("ok", f"accelerator {settings.accelerator}: {where}"))
+        found.append(Check("ok", f"precision {settings.precision}, strategy {settings.strategy}"))
+    devices = settings.device_count or max(1, len(facts["gpus"]))
+    found += data_checks(facts, data, devices)
 {%- if cookiecutter.logger == "wandb" %}
     found.append(wandb_check())
 {%- endif %}
@@ -163,14 +85,6 @@ def cuda_line(facts: dict) -> str:
         return "torch is a CPU-only build"
     line = f"CUDA {facts['cuda']}, cuDNN {facts['cudnn']}"
     return line + (f", NCCL {facts['nccl']}" if facts["nccl"] else " (no CUDA device visible)")
-
-
-def describe_target(accelerator: str, facts: dict) -> str:
-    if facts["gpus"] and accelerator in ("gpu", "auto"):
-        return f"{len(facts['gpus'])} CUDA GPU(s)"
-    if facts["mps"] and accelerator in ("mps", "auto"):
-        return "Apple MPS"
-    return f"CPU ({facts['cpus']} cores)"
 
 
 def data_checks(facts: dict, data: dict, devices: int) -> list[Check]:
@@ -220,15 +134,20 @@ def wandb_check() -> Check:
 
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} doctor", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", action="append", type=Path, help="files to check (default: the CLI's)")
+    parser.add_argument("--config", action="append", type=Path, default=[],
+                        help="config files over the CLI's own, as fit takes them")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the machine and the checks as JSON")
+    parser.add_argument("--smoke", action="store_true",
+                        help="then train: a fast_dev_run and a two-batch fit whose checkpoint is reloaded")  # fmt: skip
     options = parser.parse_args(args)
-    paths = options.config or [path for path in DEFAULT_CONFIGS if path.is_file()]
-    facts = machine()
-    found = checks(facts, read_config(paths))
+    facts = machine_facts()
+    config = read_config([path for path in DEFAULT_CONFIGS if path.is_file()] + options.config)
+    found = checks(facts, config)
     if options.json:
         print(json.dumps({"machine": facts, "checks": [asdict(check) for check in found]}))
     else:
         for check in found:
             print(f"{check.verdict:>5}  {check.what}" + (f"  -> fix: {check.fix}" if check.fix else ""))
+    if options.smoke:
+        return smoke_test(facts, config["trainer"], options.config)
     return 1 if any(check.verdict == "fail" for check in found) else 0

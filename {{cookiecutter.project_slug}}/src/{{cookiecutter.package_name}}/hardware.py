@@ -1,68 +1,81 @@
-"""Strategy and precision choices this machine cannot run, refused before any model or data is built.
+"""This machine's devices, and the refusal of trainer settings it cannot run before any model or
+data is built.
 
 Lightning would otherwise stop with a long traceback after building everything, or (16-mixed on a
-CPU) run on in slow float16 emulation.
+CPU) run on in slow float16 emulation. The rules themselves are in hardware_rules.py.
 """
+
+import platform
+from collections.abc import Mapping
+from importlib.util import find_spec
 
 import torch
 
+from .data import usable_cpus
 from .errors import UserError
-
-# Strategies whose engines run on CUDA only. (FSDP2, configs/trainer/fsdp.yaml, also runs on CPU.)
-CUDA_ONLY = {
-    "FSDPStrategy": "FSDP (configs/trainer/fsdp1.yaml)",
-    "DeepSpeedStrategy": "DeepSpeed",
-}
-# Lightning's registered strategy names, as they may be given on the command line.
-REGISTERED = {"fsdp": "FSDPStrategy", "deepspeed": "DeepSpeedStrategy", "ddp": "DDPStrategy"}
+from .hardware_rules import Machine, from_trainer, problems
 
 
 class HardwareError(UserError, RuntimeError):
     """A strategy or precision this machine cannot run; the message names the fix."""
 
 
-def strategy_class_name(strategy) -> str:
-    """The class name of a strategy as configured: a registered name, a class_path, or a mapping."""
-    class_path = strategy.get("class_path") if hasattr(strategy, "get") else None
-    if class_path:
-        return str(class_path).rsplit(".", 1)[-1]
-    name = str(strategy)
-    for prefix, class_name in REGISTERED.items():
-        if name == prefix or name.startswith(f"{prefix}_"):
-            return class_name
-    return name
+def machine_facts() -> dict:
+    """Versions and devices, as plain data (doctor prints them)."""
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        gpus.append(
+            {
+                "name": props.name,
+                "capability": f"{props.major}.{props.minor}",
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "bf16": props.major >= 8,
+                "tf32": props.major >= 8,
+            }
+        )
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": _cudnn_version(),
+        "nccl": _nccl_version() if gpus else None,
+        "gpus": gpus,
+        "mps": torch.backends.mps.is_available(),
+        "cpus": usable_cpus(),
+        "deepspeed": find_spec("deepspeed") is not None,
+    }
 
 
-def check_hardware(trainer: dict) -> None:
-    """Raise HardwareError when the trainer settings ask for what this machine lacks."""
-    accelerator = str(trainer.get("accelerator", "auto"))
-    precision = str(trainer.get("precision", "32-true"))
-    on_cuda = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not on_cuda and not torch.backends.mps.is_available())
+def machine_of(facts: dict) -> Machine:
+    """What the hardware rules need to know of a machine, from its facts."""
+    return Machine(
+        cuda_gpus=tuple(gpu["name"] for gpu in facts["gpus"]),
+        bf16_on_gpus=all(gpu["bf16"] for gpu in facts["gpus"]),
+        cuda_build=facts["cuda"] is not None,
+        mps=facts["mps"],
+        nccl=facts["nccl"] is not None,
+        deepspeed=facts["deepspeed"],
+    )
 
-    strategy = strategy_class_name(trainer.get("strategy", "auto"))
-    if strategy == "FSDP2Strategy" and precision.startswith("16"):
-        raise HardwareError(
-            f"FSDP2 (configs/trainer/fsdp.yaml) has no float16 loss scaling for precision {precision}: use "
-            "--trainer.precision bf16-mixed (Ampere or newer GPUs) or 32-true, or configs/trainer/ddp.yaml."
-        )
-    engine = CUDA_ONLY.get(strategy)
-    if engine and not on_cuda:
-        where = "no CUDA GPU is visible" if accelerator in ("gpu", "cuda", "auto") else f"accelerator is {accelerator}"
-        raise HardwareError(
-            f"{engine} runs on NVIDIA GPUs only, and {where}. Use --config configs/trainer/ddp.yaml or "
-            "configs/trainer/fsdp.yaml (FSDP2, which also runs on CPU), or run on a machine with CUDA GPUs."
-        )
-    if precision.startswith("bf16") and on_cuda and not torch.cuda.is_bf16_supported(including_emulation=False):
-        gpu = torch.cuda.get_device_name()
-        # FSDP2 (ModelParallelStrategy) has no float16 loss scaling, so no 16-mixed.
-        fallback = "32-true" if strategy == "FSDP2Strategy" else "16-mixed"
-        raise HardwareError(
-            f"precision {precision} needs an NVIDIA GPU of compute capability 8.0 or newer (Ampere), and this "
-            f"is a {gpu}: use --trainer.precision {fallback}."
-        )
-    if precision.startswith("16") and on_cpu:
-        raise HardwareError(
-            f"precision {precision} is float16 autocast for GPUs; on the CPU it is slow emulation. "
-            "Use --trainer.precision bf16-mixed or 32-true."
-        )
+
+def check_hardware(trainer: Mapping) -> None:
+    """Raise HardwareError with the first reason this machine cannot train with these trainer settings."""
+    found = problems(from_trainer(trainer), machine_of(machine_facts()))
+    if found:
+        raise HardwareError(f"{found[0]}.")
+
+
+def _nccl_version() -> str | None:
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):  # CUDA builds without NCCL, such as Windows'
+        return None
+
+
+def _cudnn_version() -> str | None:
+    if not torch.backends.cudnn.is_available():
+        return None
+    number = torch.backends.cudnn.version()  # 90100 for 9.1.0 (cuDNN 9), 8902 for 8.9.2 (cuDNN 8)
+    major, rest = divmod(number, 10000) if number >= 90000 else divmod(number, 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"

@@ -1,0 +1,92 @@
+"""`python -m {{ cookiecutter.package_name }} doctor --smoke`: does training work here, end to end?
+
+A fast_dev_run on the configured hardware, then a two-batch fit that writes a checkpoint, which is
+reloaded. Where the configured hardware is missing, both run on what this machine has, and a
+FALLBACK line says so. Each step is a command of its own, as a user runs it; their output goes to a
+log that the summary names. Rerun it after changing configs, hardware or dependencies.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from .hardware import machine_of
+from .hardware_rules import from_trainer, runnable
+
+CLI = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
+RUNS = Path("runs") / "smoke-test"
+LOG = RUNS / "smoke.log"
+
+
+class StepFailed(Exception):
+    def __init__(self, title: str, command: list[str]) -> None:
+        super().__init__(title)
+        self.title, self.command = title, command
+
+
+def smoke_test(facts: dict, trainer: dict, configs: list[Path]) -> int:
+    """Run the two steps and print what ran where; 0 when both passed."""
+    configured = from_trainer(trainer)
+    settings, fallback = runnable(configured, machine_of(facts))
+    changed = [f.name for f in fields(settings) if getattr(settings, f.name) != getattr(configured, f.name)]
+    options = [f"--config={path}" for path in configs]
+    options += [f"--trainer.{key}={getattr(settings, key)}" for key in changed]
+    target = f"accelerator {settings.accelerator}, devices {settings.devices}, strategy {settings.strategy}, "
+    target += f"precision {settings.precision}"
+    if fallback:
+        print(f"FALLBACK: {fallback}: the smoke test runs on {target} instead.")
+    LOG.parent.mkdir(parents=True, exist_ok=True)
+    LOG.write_text("")
+    try:
+        started = time.monotonic()
+        step("Smoke test 1/2: fast_dev_run (one batch of training and validation)",
+             [*CLI, "fit", *options, "--trainer.fast_dev_run=true"])  # fmt: skip
+        print(f"Ran fast_dev_run on {target}: {time.monotonic() - started:.1f} s")
+        started = time.monotonic()
+        checkpoint = fit_and_reload(options)
+        print(f"Ran a two-batch fit and reloaded its checkpoint {checkpoint}: {time.monotonic() - started:.1f} s")
+    except StepFailed as failure:
+        print(f"Failed: {failure.title}")
+        print(f"Command: {shlex.join(failure.command)}")
+        print(f"Likely fix: the last line of the log says: {last_line(LOG.read_text())}")
+        print(f"Full log: {LOG.resolve()}")
+        print("smoke test failed")
+        return 1
+    print(f"Full log: {LOG.resolve()}")
+    print("smoke test passed")
+    return 0
+
+
+def fit_and_reload(options: list[str]) -> Path:
+    """A two-batch fit into runs/smoke-test, and its last checkpoint reloaded as a user would."""
+    tiny = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2",
+            "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={RUNS.parent}",
+            f"--trainer.logger.name={RUNS.name}"]  # fmt: skip
+    step("Smoke test 2/2: a two-batch fit that writes a checkpoint, then reloading it", [*CLI, "fit", *options, *tiny])
+    checkpoint = max(RUNS.glob("version_*/checkpoints/last.ckpt"), key=os.path.getmtime)
+    if checkpoint.is_dir():  # FSDP and DeepSpeed write shards: make the single file a user would load
+        single = checkpoint.with_name("last-consolidated.ckpt")
+        step("Consolidating the sharded checkpoint", [*CLI, "consolidate", str(checkpoint), str(single)])
+        checkpoint = single
+    reload = "import sys; from {{ cookiecutter.package_name }} import ImageClassifier; "
+    reload += "print(ImageClassifier.load_from_checkpoint(sys.argv[1], map_location='cpu').hparams.class_names)"
+    step("Reloading the checkpoint", [sys.executable, "-c", reload, str(checkpoint)])
+    return checkpoint
+
+
+def step(title: str, command: list[str]) -> None:
+    print(f"{title} ...", flush=True)
+    with LOG.open("a") as log:
+        log.write(f"\n$ {shlex.join(command)}\n")
+        log.flush()
+        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode:
+            raise StepFailed(title, command)
+
+
+def last_line(log: str) -> str:
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(no output)"

@@ -1,0 +1,93 @@
+"""One set of hardware rules, and every user of it agreeing: the CLI's refusal, doctor, the smoke
+test's fallback and the template's generation check, for every preset, accelerator and precision."""
+
+import itertools
+
+import pytest
+import yaml
+from conftest import PROJECT_ROOT
+
+from {{ cookiecutter.package_name }} import doctor, hardware
+from {{ cookiecutter.package_name }}.hardware_rules import Settings, from_trainer, problems, runnable
+
+PRESETS = sorted((PROJECT_ROOT / "configs" / "trainer").glob("*.yaml"))
+BASE = {"python": "3.12", "torch": "2.9", "cuda": None, "cudnn": None, "nccl": None, "gpus": [], "mps": False}
+BASE |= {"cpus": 8, "deepspeed": True}
+H100 = {"name": "NVIDIA H100", "capability": "9.0", "memory_gib": 79.1, "bf16": True, "tf32": True}
+V100 = {"name": "Tesla V100-SXM2-32GB", "capability": "7.0", "memory_gib": 31.7, "bf16": False, "tf32": False}
+MACHINES = {
+    "cpu only": BASE,
+    "cuda build, no gpu": BASE | {"cuda": "12.8", "cudnn": "9.1.0"},
+    "apple silicon": BASE | {"mps": True, "deepspeed": False},
+    "one v100": BASE | {"cuda": "12.8", "cudnn": "9.1.0", "nccl": "2.21.5", "gpus": [V100]},
+    "eight h100": BASE | {"cuda": "12.8", "cudnn": "9.1.0", "nccl": "2.21.5", "gpus": [H100] * 8},
+    "bare h100": BASE | {"cuda": "12.8", "gpus": [H100] * 2, "deepspeed": False},
+}
+CASES = list(itertools.product(PRESETS, ["auto", "gpu", "cpu", "mps"], ["bf16-mixed", "16-mixed", "32-true"]))
+
+
+def trainer_of(preset, accelerator: str, precision: str) -> dict:
+    return yaml.safe_load(preset.read_text())["trainer"] | {"accelerator": accelerator, "precision": precision}
+
+
+@pytest.mark.parametrize("machine_name", MACHINES)
+def test_every_user_of_the_rules_agrees(monkeypatch, machine_name):
+    facts = MACHINES[machine_name]
+    machine = hardware.machine_of(facts)
+    monkeypatch.setattr(hardware, "machine_facts", lambda: facts)
+    refused = 0
+    for preset, accelerator, precision in CASES:
+        trainer = trainer_of(preset, accelerator, precision)
+        case = f"{preset.stem} {accelerator} {precision} on {machine_name}"
+        settings = from_trainer(trainer)
+        found = problems(settings, machine)
+        refused += bool(found)
+
+        # The CLI stops at the first problem, with its fix.
+        if found:
+            with pytest.raises(hardware.HardwareError) as stopped:
+                hardware.check_hardware(trainer)
+            assert str(stopped.value) == f"{found[0]}.", case
+        else:
+            hardware.check_hardware(trainer)
+
+        # doctor fails exactly on these, in this order.
+        config = {"trainer": trainer, "data": doctor.data_defaults()}
+        failed = [(check.what, check.fix) for check in doctor.checks(facts, config) if check.verdict == "fail"]
+        assert failed == [(problem.what, problem.fix) for problem in found], case
+
+        # The smoke test runs the settings as they are, or settings this machine runs.
+        ran, why = runnable(settings, machine)
+        assert problems(ran, machine) == [], case
+        assert (ran == settings) is (not found) and why == (found[0].what if found else ""), case
+
+        # What the generation check refuses, knowing no machine, is refused on every machine.
+        assert {p.what for p in problems(settings)} <= {p.what for p in found}, case
+    assert 0 < refused < len(CASES), "the machines should both run and refuse some settings"
+
+
+@pytest.mark.parametrize(
+    ("settings", "machine_name", "said"),
+    [
+        # Lightning runs float16 AMP on Apple's GPUs (autocast and a GradScaler on mps).
+        (Settings("mps", 1, "auto", "16-mixed"), "apple silicon", None),
+        (Settings("mps", 1, "auto", "16-mixed"), "cpu only", "Apple's MPS backend is not available"),
+        (Settings("auto", 2, "DDPStrategy", "32-true"), "apple silicon", "MPS backend trains on one device"),
+        (Settings("gpu", "auto", "FSDPStrategy", "16-mixed"), "eight h100", None),
+        (Settings("gpu", 8, "DDPStrategy", "bf16-mixed"), "one v100", "devices 8, but 1 CUDA GPU(s)"),
+        (Settings("gpu", 1, "FSDP2Strategy", "bf16-mixed"), "one v100", "needs NVIDIA GPUs of compute capability 8.0"),
+        (Settings("auto", 1, "DeepSpeedStrategy", "bf16-mixed"), "cpu only", "DeepSpeed runs on NVIDIA GPUs only"),
+        (Settings("gpu", 2, "DeepSpeedStrategy", "bf16-mixed"), "bare h100", "DeepSpeed is not installed"),
+        (Settings("gpu", 2, "DDPStrategy", "bf16-mixed"), "bare h100", "needs NCCL"),
+        (Settings("auto", "[0, 1]", "DDPStrategy", "16-mixed"), "cpu only", "float16 autocast for GPUs"),
+    ],
+)
+def test_rules(settings, machine_name, said):
+    found = problems(settings, hardware.machine_of(MACHINES[machine_name]))
+    assert (said in found[0].what) if said else found == [], found
+
+
+def test_too_many_devices_fall_back_to_the_gpus_there_are():
+    machine = hardware.machine_of(MACHINES["one v100"])
+    ran, why = runnable(Settings("gpu", 4, "DDPStrategy", "16-mixed"), machine)
+    assert ran == Settings("gpu", "1", "DDPStrategy", "16-mixed") and why == "devices 4, but 1 CUDA GPU(s) are visible"

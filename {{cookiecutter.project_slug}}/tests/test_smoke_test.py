@@ -1,0 +1,45 @@
+"""`doctor --smoke`: the smoke test the project was generated with, rerun by the user."""
+
+import sys
+
+import yaml
+from conftest import command_env, run_group
+
+# The CPU runs the project's precision, but float16's, which it has not.
+CPU_PRECISION = {{ '"32-true"' if cookiecutter.precision == "16-mixed" else '"%s"' % cookiecutter.precision }}
+DOCTOR_SMOKE = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "doctor", "--smoke"]
+
+
+def small_data(folder, tiny_shapes, **data) -> str:
+    config = folder / "small.yaml"
+    data = {"data_dir": str(tiny_shapes), "synthetic": False, "num_workers": 0, "batch_size": 8} | data
+    config.write_text(yaml.safe_dump({"data": data}))
+    return f"--config={config}"
+
+
+def test_missing_gpus_fall_back_to_the_cpu_and_the_checkpoint_reloads(in_project_copy, tiny_shapes):
+    command = [*DOCTOR_SMOKE, "--config=configs/trainer/gpu.yaml", small_data(in_project_copy, tiny_shapes)]
+    done = run_group(command, 600, cwd=in_project_copy, env=command_env(CUDA_VISIBLE_DEVICES=""))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    cpu = f"accelerator cpu, devices 1, strategy auto, precision {CPU_PRECISION}"
+    assert f"FALLBACK: accelerator gpu, but no CUDA GPU is visible: the smoke test runs on {cpu} instead." in lines
+    assert any(line.startswith(f"Ran fast_dev_run on {cpu}: ") for line in lines), lines
+    assert "reloaded its checkpoint runs/smoke-test/version_0/checkpoints/last.ckpt" in lines[-3]
+    assert lines[-2:] == [f"Full log: {in_project_copy / 'runs/smoke-test/smoke.log'}", "smoke test passed"]
+    log = (in_project_copy / "runs/smoke-test/smoke.log").read_text()
+    assert "--trainer.accelerator=cpu" in log and "--trainer.fast_dev_run=true" in log
+
+
+def test_a_failing_step_names_its_command_and_the_fix(in_project_copy, tiny_shapes):
+    broken = small_data(in_project_copy, tiny_shapes, data_dir=str(in_project_copy / "no-such-folder"))
+    on_cpu = "--config=configs/trainer/cpu.yaml"  # whatever hardware the project was generated for
+    done = run_group([*DOCTOR_SMOKE, on_cpu, broken], 300, cwd=in_project_copy, env=command_env())
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert lines[-5:-3] == [
+        "Failed: Smoke test 1/2: fast_dev_run (one batch of training and validation)",
+        f"Command: {sys.executable} -m {{ cookiecutter.package_name }} fit {on_cpu} {broken} --trainer.fast_dev_run=true",
+    ]
+    assert lines[-3].startswith("Likely fix: the last line of the log says: error: ") and "no-such-folder" in lines[-3]
+    assert lines[-1] == "smoke test failed"
