@@ -137,14 +137,14 @@ def test_environment_and_smoke_test_are_skipped_without_a_person(tmp_path, env, 
     assert f"No environment or smoke test: {reason}" in result.stdout
     project = tmp_path / "image-classifier"
     assert (project / "pyproject.toml").is_file() and not (project / ".venv").exists()
-    assert "uv venv && uv pip install -e '.[dev]'" in result.stdout
+    assert "python3 scripts/make_env.py uv" in result.stdout
 
 
 def test_next_steps_run_without_a_python_command(tmp_path):
     # Debian and Ubuntu have python3 but no `python` outside an activated environment.
     result = generate(tmp_path, {"CI": "true"}, setup_env="venv", smoke_test="yes")
     steps = result.stdout.split("Next:")[1].splitlines()[2:]
-    assert steps[0].strip() == "python3 -m venv .venv && .venv/bin/python -m pip install -e '.[dev]'"
+    assert steps[0].strip() == "python3 scripts/make_env.py venv"
     assert all(step.strip().startswith(". .venv/bin/activate && python -m ") for step in steps[1:] if step.strip())
 
 

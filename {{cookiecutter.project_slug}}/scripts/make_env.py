@@ -1,0 +1,182 @@
+"""Make this project's environment: `python3 scripts/make_env.py [uv|venv|current]`.
+
+uv (the default when installed) or venv makes `.venv` and installs the project with its dev
+extras; on Linux, a project that trains on the CPU gets PyTorch's CPU-only wheels (about 1 GB
+against 5). `current` only checks that the Python running this has what the project needs. The
+post-generation hook runs this too. Standard library only, and for any Python 3.9+: it may run
+under a Python older than the project's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+PROJECT = Path(__file__).resolve().parents[1]
+ANSWERS_FILE = PROJECT / ".cookiecutter.json"  # the answers the project was generated with
+ACCELERATOR = json.loads(ANSWERS_FILE.read_text()).get("accelerator", "auto") if ANSWERS_FILE.is_file() else "auto"
+OLDEST_PYTHON = re.search(r'requires-python = ">=([\d.]+)"', (PROJECT / "pyproject.toml").read_text()).group(1)
+# PyTorch's CPU-only wheels; the variable points at a mirror.
+CPU_WHEELS = os.environ.get("LIGHTNING_TEMPLATE_CPU_WHEELS", "https://download.pytorch.org/whl/cpu")
+VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
+NEEDED = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse", "rich", "yaml", "matplotlib")
+
+
+class StepFailed(Exception):
+    def __init__(self, command: list[str], fix: str) -> None:
+        super().__init__(" ".join(command))
+        self.command, self.fix = command, fix
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("how", nargs="?", choices=["uv", "venv", "current"], default="uv")
+    parser.add_argument("--log", type=Path, default=Path("runs/setup.log"), help="where the installers' output goes")
+    options = parser.parse_args()
+    os.chdir(PROJECT)
+    options.log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        make(options.how, options.log)
+    except StepFailed as failure:
+        print(f"\n==== environment setup failed ====\nFailed command: {' '.join(failure.command)}")
+        say(f"Likely fix: {failure.fix}", options.log)
+        print(f"Full log: {options.log.resolve()}")
+        return 1
+    return 0
+
+
+def make(how: str, log: Path) -> None:
+    if how == "current":
+        missing = run_logged([sys.executable, "-c", MISSING_MODULES], log).strip()
+        if missing:
+            fix = f"cd {PROJECT} && {sys.executable} -m pip install -e '.[dev]'"
+            raise StepFailed(
+                [sys.executable, "-c", "import torch, lightning, ..."],
+                f"this Python lacks {missing}: install them into it with `{fix}`, or use uv or venv",
+            )
+        say(f"Using {sys.executable} as it is (with src/ on PYTHONPATH); nothing was installed into it.", log)
+        return
+    cpu_wheels = cpu_wheel_index(log)
+    index = os.environ.get("UV_INDEX_URL") or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
+    unreachable_index = unreachable(index)
+    if unreachable_index:
+        raise StepFailed(["(package index)"], f"the package index {unreachable_index}; when online, run this again")
+    # uv installed beside this Python (in cookiecutter's venv or pipx environment) counts too.
+    uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    if how == "uv" and uv is None:
+        say("uv is not installed (https://docs.astral.sh/uv/): using python -m venv and pip instead.", log)
+    if how == "uv" and uv:
+        step("Making .venv with uv", [uv, "venv", "--quiet", "--python", interpreter(), ".venv"], log)
+        install = [uv, "pip", "install", "--python", VENV_PYTHON]
+    else:
+        step("Making .venv", [interpreter(), "-m", "venv", ".venv"], log)
+        install = [VENV_PYTHON, "-m", "pip", "install"]
+    if cpu_wheels:
+        # First, alone: the project's install then keeps this torch, which satisfies its requirement.
+        step("Installing PyTorch's CPU build", [*install, "torch", "torchvision", "--index-url", cpu_wheels], log)
+    step("Installing the project and its dependencies (torch is large: minutes)", [*install, "-e", ".[dev]"], log)
+
+
+MISSING_MODULES = f"import importlib.util as u; print(' '.join(m for m in {NEEDED} if u.find_spec(m) is None))"
+
+
+def cpu_wheel_index(log: Path) -> str | None:
+    """PyTorch's CPU wheels for a project that trains on the CPU, on Linux (where the default torch is
+    a CUDA build), when the index answers; else None."""
+    accelerator = ACCELERATOR
+    if not sys.platform.startswith("linux") or accelerator not in ("cpu", "auto"):
+        return None  # PyPI's torch for macOS and Windows holds no CUDA already
+    if accelerator == "auto" and (shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists()):
+        return None  # auto on a machine with an NVIDIA GPU: it will train there
+    why = unreachable(CPU_WHEELS)
+    if why:
+        say(f"PyTorch's CPU wheels: {why}; installing the default torch instead, a CUDA build (about 5 GB).", log)
+        return None
+    reason = "accelerator=cpu" if accelerator == "cpu" else "accelerator=auto and no NVIDIA GPU here"
+    say(f"{reason}: torch from PyTorch's CPU wheels ({CPU_WHEELS}), about 1 GB instead of 5.", log)
+    return CPU_WHEELS
+
+
+def interpreter() -> str:
+    """A Python the project supports: this one, or python3.X for the oldest version it takes."""
+    oldest = OLDEST_PYTHON
+    if sys.version_info[:2] >= tuple(int(part) for part in oldest.split(".")):
+        return sys.executable
+    found = shutil.which(f"python{oldest}")
+    if found is None:
+        raise StepFailed(
+            [f"python{oldest}"],
+            f"the project needs Python {oldest}+ and this is "
+            f"{sys.version.split()[0]}: install it, or run this with a newer Python",
+        )
+    return found
+
+
+def unreachable(url: str) -> str | None:
+    """Why `url`'s server cannot be reached, tried in seconds rather than an installer's minutes; None
+    when it can (or when a proxy decides)."""
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY")):
+        return None  # a proxy decides; the installers' own timeouts apply
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https"):
+        return None
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        socket.create_connection((parsed.hostname, port), timeout=5).close()
+    except OSError as error:
+        return f"{parsed.hostname} cannot be reached ({error})"
+    return None
+
+
+def step(title: str, command: list[str], log: Path) -> None:
+    say(f"{title} ...", log)
+    run_logged(command, log, show=True)
+
+
+def run_logged(command: list[str], log: Path, show: bool = False) -> str:
+    """Run a command into the log, with one progress line on a terminal when `show`; its standard output."""
+    env = os.environ | {"PYTHONUNBUFFERED": "1", "PIP_DEFAULT_TIMEOUT": "30", "UV_HTTP_TIMEOUT": "30"}
+    output = []
+    with log.open("a") as file:
+        file.write(f"\n$ {' '.join(command)}\n")
+        file.flush()
+        stderr = subprocess.STDOUT if show else file
+        show = show and sys.stdout.isatty()
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env) as process:
+            for count, line in enumerate(process.stdout, 1):
+                output.append(line)
+                file.write(line)
+                if show:  # one line, rewritten in place: the installers' hundreds of lines stay in the log
+                    print(f"\r    {count:>4} lines, the last: {line.strip()[:60]:<60}", end="", flush=True)
+        if show:
+            print()
+    if process.returncode != 0:
+        raise StepFailed(command, likely_fix(log.read_text()))
+    return "".join(output)
+
+
+def likely_fix(log: str) -> str:
+    tail = [line for line in log.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
+    if "No space left on device" in log:
+        return "free disk space (torch with CUDA needs about 6 GB) and run the command again"
+    if re.search(r"Could not find a version|No solution found|ResolutionImpossible", log):
+        return "the dependencies could not be resolved for this Python: see the log"
+    return f"the last line of the log says: {tail[0].strip()[:300]}"
+
+
+def say(message: str, log: Path) -> None:
+    print(message, flush=True)
+    with log.open("a") as file:
+        file.write(f"# {message}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

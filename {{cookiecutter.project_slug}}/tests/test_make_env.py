@@ -1,0 +1,34 @@
+"""scripts/make_env.py, the environment step of the project's generation, which users rerun."""
+
+import shutil
+import subprocess
+import sys
+
+from conftest import PROJECT_ROOT
+
+
+def copy_of_the_project_files(folder):
+    for name in ("scripts/make_env.py", "pyproject.toml", ".cookiecutter.json"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(PROJECT_ROOT / name, folder / name)
+    return folder / "scripts" / "make_env.py"
+
+
+def test_current_checks_this_python_and_installs_nothing(tmp_path):
+    script = copy_of_the_project_files(tmp_path)
+    done = subprocess.run([sys.executable, script, "current"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"Using {sys.executable} as it is") and not (tmp_path / ".venv").exists()
+    assert f"# Using {sys.executable} as it is" in (tmp_path / "runs" / "setup.log").read_text()
+
+
+def test_an_index_out_of_reach_stops_in_seconds_and_names_it(tmp_path):
+    script = copy_of_the_project_files(tmp_path)
+    closed = "http://127.0.0.1:9/simple"  # a closed port on this machine
+    env = {"PATH": "/usr/bin:/bin", "PIP_INDEX_URL": closed, "UV_INDEX_URL": closed}
+    env["LIGHTNING_TEMPLATE_CPU_WHEELS"] = "http://127.0.0.1:9/whl/cpu"
+    done = subprocess.run([sys.executable, script, "venv"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 1
+    assert "Failed command: (package index)" in done.stdout
+    assert "Likely fix: the package index 127.0.0.1 cannot be reached" in done.stdout
+    assert not (tmp_path / ".venv").exists()
