@@ -69,7 +69,7 @@ def make(how: str, log: Path) -> None:
     unreachable_index = unreachable(index)
     if unreachable_index:
         raise StepFailed(["(package index)"], f"the package index {unreachable_index}; when online, run this again")
-    # uv installed beside this Python (in cookiecutter's venv or pipx environment) counts too.
+    # uv installed beside this Python (in the venv or pipx environment it runs from) counts too.
     uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
     if how == "uv" and uv is None:
         say("uv is not installed (https://docs.astral.sh/uv/): using python -m venv and pip instead.", log)
