@@ -4,11 +4,13 @@ import json
 import re
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import ON_CPU, command_env, on_data, refusal
+from packaging.specifiers import SpecifierSet
 {%- if cookiecutter.logger == "tensorboard" %}
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 {%- endif %}
@@ -155,3 +157,10 @@ def test_the_package_imports_form_no_cycle():
 
     for module in imports:
         reaches(module, (module,))
+
+
+def test_the_installed_lightning_is_one_the_project_is_bound_to():
+    # pyproject.toml bounds lightning to the releases these tests ran on (private names, subclassed
+    # loggers): a test run on another release must widen the bound on purpose.
+    bound = re.search(r'"lightning([^"]+)"', (Path(cli.__file__).parents[2] / "pyproject.toml").read_text()).group(1)
+    assert version("lightning") in SpecifierSet(bound), f"lightning {version('lightning')} is outside {bound}"

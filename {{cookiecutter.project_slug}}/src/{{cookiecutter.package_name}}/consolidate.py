@@ -10,21 +10,23 @@ from pathlib import Path
 
 import torch
 
+# Private, but the code Lightning's own `python -m lightning.pytorch.utilities.consolidate_checkpoint`
+# runs; no public function returns a sharded checkpoint as a dict, which FSDP2's needs renaming in.
+# pyproject.toml bounds lightning to the versions the tests ran this on.
+from lightning.fabric.utilities.load import _load_distributed_checkpoint
+from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
+from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
 from .errors import DataError
 
 
 def consolidate(folder: Path, output: Path) -> None:
     if (folder / ".metadata").is_file():  # torch.distributed.checkpoint, as FSDP and FSDP2 write it
-        from lightning.fabric.utilities.load import _load_distributed_checkpoint
-        from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
-
         checkpoint = _load_distributed_checkpoint(folder)
         if "model" not in checkpoint:  # FSDP2 stores the weights as "state_dict", FSDP1 as "model"
             checkpoint["model"] = checkpoint.pop("state_dict")
         torch.save(_format_checkpoint(checkpoint), output)
     elif (folder / "latest").is_file():  # DeepSpeed names its newest tag in `latest`
-        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
         convert_zero_checkpoint_to_fp32_state_dict(folder, output)
     else:
         raise DataError(
