@@ -34,6 +34,7 @@ VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else 
 UNSELECTED = {
     Path("src") / PACKAGE / "wandb_logging.py": ANSWERS["logger"] != "wandb",
     Path("tests") / "test_wandb_logging.py": ANSWERS["logger"] != "wandb",
+    Path("docs") / "wandb.md": ANSWERS["logger"] != "wandb",
     Path("configs") / "trainer" / "mps.yaml": ANSWERS["accelerator"] != "mps",
 }
 

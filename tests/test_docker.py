@@ -52,7 +52,7 @@ def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_p
     image = re.fullmatch(r"pytorch/pytorch:(\d+)\.(\d+)\.\d+-cuda\d+\.\d+-cudnn\d+-runtime", base)
     assert image, f"{base} is not one of PyTorch's official CUDA runtime images"
     assert steps[1] == ("FROM", "${BASE_IMAGE}")
-    assert base in (project / "README.md").read_text(), "the README names another image"
+    assert base in (project / "docs" / "docker.md").read_text(), "docs/docker.md names another image"
     needed = re.search(r'"torch>=(\d+)\.(\d+)', (project / "pyproject.toml").read_text())
     assert tuple(map(int, image.groups())) >= tuple(map(int, needed.groups())), "the image's torch is too old"
 

@@ -44,6 +44,7 @@ MODULES = [
     "tune",
     "tuned_config",
 ]
+DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development"]
 TESTS = [
     "conftest",
     "helper_callbacks",
@@ -52,6 +53,7 @@ TESTS = [
     "test_cli",
     "test_data",
     "test_distributed",
+    "test_docs",
     "test_doctor",
     "test_errors",
     "test_export",
@@ -83,6 +85,7 @@ def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
         "Dockerfile",
         "Makefile",
         "README.md",
+        *(f"docs/{name}.md" for name in DOCS),
         "pyproject.toml",
         "configs/default.yaml",
         "scripts/torchrun.sh",
@@ -93,7 +96,7 @@ def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
         *(f"tests/{name}.py" for name in TESTS),
     }
     if logger == "wandb":
-        files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py"}
+        files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py", "docs/wandb.md"}
     if accelerator == "mps":
         files.add("configs/trainer/mps.yaml")
     return files
@@ -191,7 +194,9 @@ def test_render(tmp_path, answers):
 
 
 def readme_configs(project) -> set[str]:
-    named = set(re.findall(r"configs/[\w/.-]+\.yaml", (project / "README.md").read_text()))
+    """The config files the README and docs/ name."""
+    text = "".join(path.read_text() for path in [project / "README.md", *sorted((project / "docs").glob("*.md"))])
+    named = set(re.findall(r"configs/[\w/.-]+\.yaml", text))
     return named - {"configs/tuned.yaml"}  # written by `benchmark data`, tested in the project
 
 
