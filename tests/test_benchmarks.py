@@ -27,3 +27,10 @@ def test_parity_benchmark_compares_the_two_loops_on_the_same_computation():
 def test_decode_benchmark_compares_the_two_decoders():
     printed = run_benchmark("decode", "--images-per-class=4", "--workers", "0", "--repeats=1", "--batch-size=8")
     assert "torchvision" in printed and "PIL" in printed
+
+
+@pytest.mark.slow
+def test_startup_benchmark_times_the_three_commands():
+    printed = run_benchmark("startup", "--repeats=1")
+    for name in ("import lightning", "fit --help", "fast_dev_run"):
+        assert re.search(rf"^{name}\s+\d+\.\d\d", printed, re.MULTILINE), printed

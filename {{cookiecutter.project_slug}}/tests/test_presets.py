@@ -1,5 +1,7 @@
 """Every trainer preset parses, builds its strategy, and stops in one line where the hardware is missing."""
 
+import importlib
+import inspect
 import sys
 from datetime import timedelta
 from importlib.util import find_spec
@@ -15,6 +17,7 @@ from lightning.pytorch.strategies import Strategy
 
 from {{ cookiecutter.package_name }} import hardware, hardware_rules
 from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS, main
+from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.sharding import wrap_blocks
 
@@ -143,3 +146,24 @@ def test_fsdp2_with_float16_is_refused_and_its_preset_never_asks_for_it(monkeypa
 )
 def test_strategy_names_as_users_write_them(strategy, name):
     assert hardware_rules.strategy_class_name(strategy) == name
+
+
+def own_defaults(cls) -> dict:
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not p.empty}
+
+
+def test_the_recipe_states_only_what_differs_from_the_signatures():
+    # A default lives in its __init__ signature; a copy in the YAML would outvote an edit there.
+    recipe = yaml.safe_load((PROJECT_ROOT / DEFAULT_CONFIGS[1]).read_text())
+    sections = [(ImageClassifier, recipe.get("model") or {}), (ImageDataModule, recipe.get("data") or {})]
+    for entry in [*recipe["trainer"]["callbacks"], *recipe["trainer"].get("plugins", []), recipe["trainer"]["logger"]]:
+        module, _, name = entry["class_path"].rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        if module.startswith("{{ cookiecutter.package_name }}.") and "__init__" in vars(cls):  # signatures of ours
+            sections.append((cls, entry.get("init_args") or {}))
+    assert len(sections) >= 4
+    for cls, values in sections:
+        defaults = own_defaults(cls)
+        repeated = {key: value for key, value in values.items() if key in defaults and defaults[key] == value}
+        assert not repeated, f"configs/default.yaml repeats {cls.__name__}'s defaults {repeated}: leave them out"
