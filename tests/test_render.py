@@ -38,6 +38,7 @@ MODULES = [
     "quiet",
     "reports",
     "resume",
+    "run_folders",
     "shapes",
     "sharding",
     "smoke_test",

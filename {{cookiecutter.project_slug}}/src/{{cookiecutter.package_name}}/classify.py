@@ -7,7 +7,6 @@ otherwise. Unreadable images are skipped with a warning naming them.
 
 import argparse
 import csv
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -20,12 +19,13 @@ from .errors import DataError, MissingError
 from .model import ImageClassifier
 from .predictions import csv_header, csv_row, top_classes
 from .resume import check_checkpoint
+from .run_folders import last_checkpoints
 
 
 def best_checkpoint(runs: Path) -> Path:
     """The best checkpoint of the newest run, as its ModelCheckpoint recorded it in last.ckpt
     (whatever the metric it monitors or its file names), else that last.ckpt."""
-    lasts = sorted(runs.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
+    lasts = last_checkpoints(runs)
     if not lasts:
         raise MissingError(f"No checkpoint under {runs}: train a model first, or pass --checkpoint.")
     last = lasts[-1]

@@ -14,6 +14,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
 from .errors import DataError, MissingError
+from .run_folders import last_checkpoints
 
 RESUME_WORDS = ("auto", "last")
 # What Lightning itself takes for ckpt_path besides a path.
@@ -28,7 +29,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> None:
     requested = config.get("ckpt_path")
     logger = first_logger(config)
     if requested in RESUME_WORDS:
-        root, found = last_checkpoints(config, logger)
+        root, found = runs_of(config, logger)
         if not found:
             if requested == "last":
                 raise MissingError(
@@ -120,13 +121,13 @@ def first_logger(config: Namespace) -> Namespace | None:
     return logger if isinstance(logger, Namespace) else None
 
 
-def last_checkpoints(config: Namespace, logger: Namespace | None) -> tuple[Path, list[Path]]:
+def runs_of(config: Namespace, logger: Namespace | None) -> tuple[Path, list[Path]]:
     """Where the runs of `logger` are, and their last.ckpt files, oldest first."""
     if logger is None:  # without a logger, checkpoints go to default_root_dir/checkpoints
         root = Path(config.trainer.default_root_dir or os.getcwd())
         return root, [path for path in [root / "checkpoints" / "last.ckpt"] if path.is_file()]
     root = run_root(logger)
-    return root, sorted(root.glob(os.path.join("*", "checkpoints", "last.ckpt")), key=os.path.getmtime)
+    return root, last_checkpoints(root)
 
 
 def run_root(logger: Namespace) -> Path:

@@ -6,7 +6,6 @@ FALLBACK line says so. Each step is a command of its own, as a user runs it; the
 log that the summary names. Rerun it after changing configs, hardware or dependencies.
 """
 
-import os
 import shlex
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from .hardware import machine_of
 from .hardware_rules import from_trainer, runnable
+from .run_folders import last_checkpoints
 
 CLI = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
 RUNS = Path("runs") / "smoke-test"
@@ -67,7 +67,7 @@ def fit_and_reload(options: list[str]) -> Path:
             "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={RUNS.parent}",
             f"--trainer.logger.name={RUNS.name}"]  # fmt: skip
     step("Smoke test 2/2: a two-batch fit that writes a checkpoint, then reloading it", [*CLI, "fit", *options, *tiny])
-    checkpoint = max(RUNS.glob("version_*/checkpoints/last.ckpt"), key=os.path.getmtime)
+    checkpoint = last_checkpoints(RUNS)[-1]
     if checkpoint.is_dir():  # FSDP and DeepSpeed write shards: make the single file a user would load
         single = checkpoint.with_name("last-consolidated.ckpt")
         step("Consolidating the sharded checkpoint", [*CLI, "consolidate", str(checkpoint), str(single)])
