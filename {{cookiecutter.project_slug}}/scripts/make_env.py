@@ -23,7 +23,8 @@ from urllib.parse import urlparse
 PROJECT = Path(__file__).resolve().parents[1]
 ANSWERS_FILE = PROJECT / ".cookiecutter.json"  # the answers the project was generated with
 ACCELERATOR = json.loads(ANSWERS_FILE.read_text()).get("accelerator", "auto") if ANSWERS_FILE.is_file() else "auto"
-OLDEST_PYTHON = re.search(r'requires-python = ">=([\d.]+)"', (PROJECT / "pyproject.toml").read_text()).group(1)
+REQUIRES = re.search(r'requires-python\s*=\s*">=\s*(3\.\d+)', (PROJECT / "pyproject.toml").read_text())
+OLDEST_PYTHON = REQUIRES.group(1) if REQUIRES else "3.10"
 # PyTorch's CPU-only wheels; the variable points at a mirror.
 CPU_WHEELS = os.environ.get("LIGHTNING_TEMPLATE_CPU_WHEELS", "https://download.pytorch.org/whl/cpu")
 VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))

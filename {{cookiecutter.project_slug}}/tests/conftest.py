@@ -11,7 +11,7 @@ import pytest
 import wandb
 {%- endif %}
 
-from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cli import main, resolved_config
 from {{ cookiecutter.package_name }}.shapes import draw_shapes_dataset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +45,17 @@ def tiny_shapes(tmp_path_factory) -> Path:
     """A small copy of the built-in dataset: 6 classes, train/val/test, 32 px."""
     root = tmp_path_factory.mktemp("data") / "shapes"
     return draw_shapes_dataset(root, images_per_class={"train": 12, "val": 4, "test": 4}, size=32)
+
+
+@pytest.fixture(scope="session")
+def project_config() -> dict:
+    """The configuration `fit` resolves from the project's own config files, with no options."""
+    here = os.getcwd()
+    os.chdir(PROJECT_ROOT)
+    try:
+        return resolved_config([])
+    finally:
+        os.chdir(here)
 
 
 @pytest.fixture

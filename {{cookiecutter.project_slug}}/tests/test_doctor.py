@@ -5,16 +5,21 @@ from collections import namedtuple
 import pytest
 
 from {{ cookiecutter.package_name }} import doctor
-from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cli import main, resolved_config
 
 NO_GPU = {"python": "3.11", "torch": "2.5", "cuda": None, "cudnn": None, "nccl": None, "gpus": [], "mps": False}
 NO_GPU |= {"cpus": 4, "deepspeed": False}
 GPU = {"name": "Tesla V100", "capability": "7.0", "memory_gib": 32.0, "bf16": False, "tf32": False}
 
 
-def config(**trainer) -> dict:
+@pytest.fixture(scope="module")
+def data(project_config) -> dict:
+    return project_config["data"]
+
+
+def config(data: dict | None = None, **trainer) -> dict:
     trainer = {"accelerator": "cpu", "precision": "32-true", "strategy": "auto"} | trainer
-    return {"trainer": trainer, "data": doctor.data_defaults()}
+    return {"trainer": trainer, "data": data or {"num_workers": 0}}
 
 
 def failures(facts: dict, settings: dict) -> list[doctor.Check]:
@@ -47,28 +52,28 @@ def test_fp16_on_cpu_fails():
     assert "float16 autocast for GPUs" in failure.what
 
 
-def test_too_many_workers_warn():
-    settings = config(devices=2) | {"data": doctor.data_defaults() | {"num_workers": 8}}
+def test_too_many_workers_warn(data):
+    settings = config(data | {"num_workers": 8}, devices=2)
     warnings = [c for c in doctor.checks(NO_GPU, settings) if c.verdict == "warn"]
     assert any("exceed the 4 CPUs" in c.what for c in warnings)
 
 
-def test_small_shared_memory_warns(monkeypatch):
+def test_small_shared_memory_warns(monkeypatch, data):
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: Usage(64 * 2**20, 0, 64 * 2**20))
-    settings = config() | {"data": doctor.data_defaults() | {"num_workers": 2, "image_size": 224, "batch_size": 128}}
+    settings = config(data | {"num_workers": 2, "image_size": 224, "batch_size": 128})
     warnings = [c for c in doctor.checks(NO_GPU, settings) if c.verdict == "warn"]
     assert any("/dev/shm" in c.what and "--shm-size" in c.fix for c in warnings)
 
 
-def test_options_a_config_leaves_out_are_the_data_modules_defaults(monkeypatch, tmp_path):
+def test_options_a_config_leaves_out_are_the_data_modules_defaults(monkeypatch, in_project_copy):
     side = {{ cookiecutter.image_size }}  # the data module's default image size; the config leaves it out
     needed = 2 * 2 * 64 * 3 * side * side * 4  # 2 workers x 2 prefetched batches of 64 float images
     # Room for the default size, not for the 224 px that doctor used to assume in its place.
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: Usage(3 * needed, 0, 3 * needed))
-    (tmp_path / "mine.yaml").write_text("data:\n  num_workers: 2\n")
-    settings = doctor.read_config([tmp_path / "mine.yaml"])
+    (in_project_copy / "mine.yaml").write_text("data:\n  num_workers: 2\n")
+    settings = resolved_config(["--config=mine.yaml"])  # as doctor --config mine.yaml reads it
     assert settings["data"]["image_size"] == side and settings["data"]["batch_size"] == 64
     (shared_memory,) = [c for c in doctor.checks(NO_GPU, settings) if "/dev/shm" in c.what]
     assert shared_memory.verdict == "ok", shared_memory
@@ -84,3 +89,11 @@ def test_doctor_command_reports_this_machine_as_json(monkeypatch, capsys, tmp_pa
     assert exit.value.code == 0
     assert report["machine"]["torch"] and report["machine"]["cpus"] >= 1
     assert {check["verdict"] for check in report["checks"]} <= {"ok", "info", "warn"}
+
+
+def test_a_config_that_does_not_parse_is_one_error_line(monkeypatch, capsys, in_project_copy):
+    (in_project_copy / "typo.yaml").write_text("data:\n  batch_sise: 2\n")
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "doctor", "--config=typo.yaml"])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    assert str(stopped.value.code).startswith("error: ") and "data.batch_size" in str(stopped.value.code)

@@ -31,7 +31,7 @@ def trainer_of(preset, accelerator: str, precision: str) -> dict:
 
 
 @pytest.mark.parametrize("machine_name", MACHINES)
-def test_every_user_of_the_rules_agrees(monkeypatch, machine_name):
+def test_every_user_of_the_rules_agrees(monkeypatch, project_config, machine_name):
     facts = MACHINES[machine_name]
     machine = hardware.machine_of(facts)
     monkeypatch.setattr(hardware, "machine_facts", lambda: facts)
@@ -52,7 +52,7 @@ def test_every_user_of_the_rules_agrees(monkeypatch, machine_name):
             hardware.check_hardware(trainer)
 
         # doctor fails exactly on these, in this order.
-        config = {"trainer": trainer, "data": doctor.data_defaults()}
+        config = {"trainer": trainer, "data": project_config["data"]}
         failed = [(check.what, check.fix) for check in doctor.checks(facts, config) if check.verdict == "fail"]
         assert failed == [(problem.what, problem.fix) for problem in found], case
 

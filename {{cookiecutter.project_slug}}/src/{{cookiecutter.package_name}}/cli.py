@@ -5,8 +5,10 @@ Every option is an `__init__` argument of the model, the data module or the Trai
 hold them, composed by repeating --config (the later file wins).
 """
 
+import contextlib
 import difflib
 import importlib
+import io
 import re
 import signal
 import sys
@@ -23,7 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks import EndWithLauncher
 from .data import ImageDataModule, TooFewClassesError
-from .errors import DataError, UserError, one_line, wants_traceback
+from .errors import ConfigError, DataError, UserError, one_line, wants_traceback
 from .hardware import check_hardware
 from .model import ImageClassifier
 from .progress import LogLines
@@ -206,6 +208,19 @@ def build(cli_args: list[str]) -> ClassifierCLI:
         return ClassifierCLI(
             ImageClassifier, ImageDataModule, save_config_callback=None, run=False, args=[*configs, *cli_args]
         )
+
+
+def resolved_config(cli_args: list[str]) -> dict:
+    """The configuration `fit` resolves from the default files and these options, as --print_config
+    prints it, without building anything."""
+    printed, refused = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(refused):
+        try:
+            run_command(["fit", *cli_args, "--print_config"], ["fit", *cli_args, "--print_config"])
+        except SystemExit as done:
+            if done.code:
+                raise ConfigError(refused.getvalue().strip().removeprefix("error: ") or str(done.code)) from None
+    return yaml.safe_load(printed.getvalue())
 
 
 def main(args: list[str] | None = None) -> None:

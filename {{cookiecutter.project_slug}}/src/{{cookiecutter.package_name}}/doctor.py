@@ -5,17 +5,14 @@ same as data; `--smoke` then trains for a few batches (smoke_test.py), as the pr
 """
 
 import argparse
-import inspect
 import json
 import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
-from .cli import DEFAULT_CONFIGS
-from .data import ImageDataModule, auto_workers
+from .cli import resolved_config
+from .data import auto_workers
 from .hardware import machine_facts, machine_of
 from .hardware_rules import from_trainer, problems, target
 from .smoke_test import smoke_test
@@ -29,23 +26,6 @@ class Check:
     verdict: str  # "ok", "warn", "fail" or "info"
     what: str
     fix: str = ""
-
-
-def data_defaults() -> dict:
-    """The data module's defaults, from its signature, where LightningCLI reads them too."""
-    parameters = inspect.signature(ImageDataModule.__init__).parameters.values()
-    return {p.name: p.default for p in parameters if p.default is not p.empty}
-
-
-def read_config(paths: list[Path]) -> dict:
-    """The trainer and data sections of the config files, later files winning key by key, the data
-    section over the data module's defaults."""
-    config: dict = {"trainer": {}, "data": data_defaults()}
-    for path in paths:
-        loaded = yaml.safe_load(path.read_text()) or {}
-        for section in config:
-            config[section].update(loaded.get(section) or {})
-    return config
 
 
 def checks(facts: dict, config: dict) -> list[Check]:
@@ -141,7 +121,7 @@ def main(args: list[str]) -> int:
                         help="then train: a fast_dev_run and a two-batch fit whose checkpoint is reloaded")  # fmt: skip
     options = parser.parse_args(args)
     facts = machine_facts()
-    config = read_config([path for path in DEFAULT_CONFIGS if path.is_file()] + options.config)
+    config = resolved_config([f"--config={path}" for path in options.config])
     found = checks(facts, config)
     if options.json:
         print(json.dumps({"machine": facts, "checks": [asdict(check) for check in found]}))
