@@ -12,7 +12,10 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 
 class AppendingExperimentWriter(ExperimentWriter):
-    """Append to an existing metrics.csv, keeping its columns, instead of deleting it."""
+    """Append to an existing metrics.csv, keeping its columns, instead of deleting it.
+
+    Lightning offers no public hook for this: the overridden method and the attributes used here are
+    its private ones, which pyproject.toml's bound on lightning keeps to the releases tested."""
 
     def _check_log_dir_exists(self) -> None:
         if self._fs.isfile(self.metrics_file_path):

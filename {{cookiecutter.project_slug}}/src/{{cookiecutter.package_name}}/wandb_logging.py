@@ -63,6 +63,8 @@ class BestModelWandbLogger(WandbLogger):
 
     @property
     def experiment(self):
+        # _experiment and _wandb_init are WandbLogger's private state, the only place these
+        # arguments exist before W&B starts (pyproject.toml bounds lightning to the releases tested).
         if self._experiment is None:  # before W&B starts
             # Lightning passes anonymous=None, which W&B takes for a setting, warning at every start.
             if self._wandb_init.get("anonymous", False) is None:
