@@ -1,10 +1,8 @@
-"""After rendering: drop the files of options not chosen, start git, make the environment, smoke-test.
+"""After rendering: drop the files of options not chosen, start git, then run the project's own
+scripts/make_env.py and `doctor --smoke` (which users rerun) and pass on what they say.
 
-Standard library only: this runs under the interpreter that runs cookiecutter. The environment and
-the smoke test are the project's own commands, which users rerun (scripts/make_env.py, `doctor
---smoke`): the hook runs them and passes on what they say. It never exits non-zero, because
-cookiecutter deletes the project when a post-generation hook fails: a failed step prints what
-failed, the log and the likely fix, and keeps the project.
+Standard library only: this runs under the interpreter that runs cookiecutter. It never exits
+non-zero, because cookiecutter then deletes the project: a failed step says so and keeps it.
 """
 
 from __future__ import annotations  # cookiecutter may run under a Python older than the project's
@@ -51,15 +49,11 @@ def main() -> None:
     start_git()
     skipped = skip_reason()
     if skipped:
-        say(f"No environment or smoke test: {skipped}. Set {FORCE}=1 to run them anyway.")
+        say(f"No environment or smoke test: {skipped}.")
         print_next_steps(None)
         return
     LOG.parent.mkdir(parents=True, exist_ok=True)
     LOG.write_text("")
-    if SETUP_ENV == "none":
-        say("setup_env=none: no environment made, so no smoke test either.")
-        print_next_steps(None)
-        return
     if subprocess.run([sys.executable, MAKE_ENV, SETUP_ENV, "--log", str(LOG)]).returncode != 0:
         print(f"The project is kept in {Path.cwd()}.")
         if ANSWERS["smoke_test"] == "yes":
@@ -72,17 +66,15 @@ def main() -> None:
 
 
 def skip_reason() -> str | None:
-    if SETUP_ENV == "none" and ANSWERS["smoke_test"] == "no":
-        return "setup_env=none and smoke_test=no"
     forced = os.environ.get(FORCE)
-    if forced == "1":
-        return None
-    if forced == "0":
-        return f"{FORCE}=0"
+    if SETUP_ENV == "none":
+        return "setup_env=none (no environment, so no smoke test either)"
+    if forced in ("0", "1"):
+        return f"{FORCE}=0" if forced == "0" else None
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        return "CI is set"
+        return f"CI is set (set {FORCE}=1 to run them anyway)"
     if sys.stdin is None or not sys.stdin.isatty():
-        return "no terminal"
+        return f"no terminal (set {FORCE}=1 to run them anyway)"
     return None
 
 
@@ -134,9 +126,7 @@ def smoke_test(python: str) -> bool:
     if output[-1:] == ["smoke test passed"]:
         return True
     if output[-1:] != ["smoke test failed"]:  # it did not get to run: the project does not import
-        tail = [line for line in LOG.read_text().splitlines() if line.strip()][-1:] or ["(no output)"]
-        print(f"Failed command: {' '.join(command)}\nLikely fix: the last line of the log says: {tail[0][:300]}")
-        print("smoke test failed")
+        print(f"Failed command: {' '.join(command)} (its error is at the end of the log)\nsmoke test failed")
     print(f"The project is kept in {Path.cwd()}.")
     return False
 

@@ -57,20 +57,20 @@ def test_update_brings_template_changes_and_keeps_the_users_work(tmp_path, templ
     commit_all(project, "New project")  # with the .cruft.json written after the hook
     run(CRUFT, "check", cwd=project)
 
-    # The template raises the epochs; the user, meanwhile, changed the batch size in the same file.
+    # The template raises the epochs; the user, meanwhile, changed the logging interval in the same file.
     template_config = template_repo / "{{cookiecutter.project_slug}}" / "configs" / "default.yaml"
     template_config.write_text(template_config.read_text().replace("max_epochs: 20", "max_epochs: 30", 1))
     (template_repo / "{{cookiecutter.project_slug}}" / "NOTICE.md").write_text("A file new in the template.\n")
     commit_all(template_repo, "More epochs; a notice")
     project_config = project / "configs" / "default.yaml"
-    project_config.write_text(project_config.read_text().replace("  batch_size: 64", "  batch_size: 32", 1))
-    commit_all(project, "Smaller batches")
+    project_config.write_text(project_config.read_text().replace("log_every_n_steps: 10", "log_every_n_steps: 5", 1))
+    commit_all(project, "Log more often")
     assert "out of date" in run(CRUFT, "check", cwd=project, status=1)
 
     updated = run(CRUFT, "update", "--skip-apply-ask", cwd=project)
     assert "Rendered into a temporary folder" in updated and "Next:" not in updated
     config = project_config.read_text()
-    assert "max_epochs: 30" in config and "  batch_size: 32" in config
+    assert "max_epochs: 30" in config and "log_every_n_steps: 5" in config
     assert (project / "NOTICE.md").read_text() == "A file new in the template.\n"
     assert not (project / ".venv").exists() and not (project / "runs").exists(), "an update ran the setup"
     head = run("git", "rev-parse", "HEAD", cwd=template_repo).strip()

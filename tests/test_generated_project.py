@@ -26,7 +26,7 @@ def project_env(project: Path) -> dict[str, str]:
 
 def run_project_tests(project: Path, *pytest_args: str) -> None:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
-    result = run_bounded(command, 1200, cwd=project, env=project_env(project))
+    result = run_bounded(command, 1800, cwd=project, env=project_env(project))
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert re.search(r"\d+ passed", result.stdout)
 
