@@ -214,9 +214,10 @@ def resolved_config(cli_args: list[str]) -> dict:
     """The configuration `fit` resolves from the default files and these options, as --print_config
     prints it, without building anything."""
     printed, refused = io.StringIO(), io.StringIO()
+    command = ["fit", *cli_args, "--print_config"]
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(refused):
         try:
-            run_command(["fit", *cli_args, "--print_config"], ["fit", *cli_args, "--print_config"])
+            run_command(command, command)
         except SystemExit as done:
             if done.code:
                 raise ConfigError(refused.getvalue().strip().removeprefix("error: ") or str(done.code)) from None

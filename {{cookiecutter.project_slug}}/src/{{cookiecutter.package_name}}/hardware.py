@@ -6,7 +6,6 @@ CPU) run on in slow float16 emulation. The rules themselves are in hardware_rule
 """
 
 import platform
-from collections.abc import Mapping
 from importlib.util import find_spec
 
 import torch
@@ -59,7 +58,7 @@ def machine_of(facts: dict) -> Machine:
     )
 
 
-def check_hardware(trainer: Mapping) -> None:
+def check_hardware(trainer) -> None:
     """Raise HardwareError with the first reason this machine cannot train with these trainer settings."""
     found = problems(from_trainer(trainer), machine_of(machine_facts()))
     if found:

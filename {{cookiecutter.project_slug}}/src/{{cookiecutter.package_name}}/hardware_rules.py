@@ -23,7 +23,7 @@ ANSWERED_STRATEGIES = {"auto": "auto", "ddp": "DDPStrategy", "fsdp": "FSDP2Strat
 @dataclass(frozen=True)
 class Settings:
     accelerator: str = "auto"
-    devices: str = "auto"  # a count, "auto", or a list of device indices
+    devices: int | str | list[int] = "auto"  # a count, "auto", or device indices (a list or "0,1")
     strategy: str = "auto"  # a strategy class name (see strategy_class_name)
     precision: str = "32-true"
     num_nodes: int = 1
