@@ -11,14 +11,13 @@ from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import data as data_module
 from {{ cookiecutter.package_name }}.data import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     ImageDataModule,
     auto_workers,
     read_rgb,
     stratified_split,
 )
 from {{ cookiecutter.package_name }}.shapes import CLASSES
+from {{ cookiecutter.package_name }}.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 
 def make_folder(root, counts: dict[str, int], size: int = 20):

@@ -11,6 +11,7 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.export import ServedClassifier, sample_images
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.shapes import CLASSES
+from {{ cookiecutter.package_name }}.transforms import Preprocessing
 
 
 def export(monkeypatch, capsys, *args: str) -> str:
@@ -31,8 +32,10 @@ def test_the_export_matches_pytorch_on_real_images(monkeypatch, capsys, trained,
     assert difference < 1e-4
 
     # Outside this project: another batch size, and the model's probabilities.
-    images = sample_images([tiny_shapes / "val"], side={{ cookiecutter.image_size }}, count=3)
-    expected = ServedClassifier(ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu").eval())(images)
+    preprocessing = Preprocessing({{ cookiecutter.image_size }})  # the defaults the run trained with
+    images = sample_images([tiny_shapes / "val"], preprocessing, count=3)
+    model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu").eval()
+    expected = ServedClassifier(model, preprocessing)(images)
     exported = checkpoint.with_suffix(f".{form}")
     if form == "onnx":
         session = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"])

@@ -6,7 +6,7 @@ import lightning as L
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.data import ImageDataModule, normalize_images
+from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.metrics import MeanPerImage, classification_metrics
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 
@@ -64,7 +64,7 @@ def test_test_loss_is_the_mean_over_every_image(tiny_shapes, tmp_path, batch_siz
     losses, correct = [], []
     with torch.no_grad():
         for image, label in data.test_set:
-            logits = model(normalize_images(image[None]))[0].double()
+            logits = model(data.preprocessing.normalize(image[None]))[0].double()
             losses.append((torch.logsumexp(logits, 0) - logits[label]).item())
             correct.append(int(logits.argmax().item() == label))
     assert len(losses) == 23

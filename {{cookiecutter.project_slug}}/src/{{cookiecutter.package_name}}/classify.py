@@ -14,12 +14,13 @@ from pathlib import Path
 import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from .data import UnreadableImageError, build_eval_transform, image_files_under, normalize_images, read_rgb
+from .data import UnreadableImageError, checkpoint_preprocessing, image_files_under, read_rgb
 from .errors import DataError, MissingError
 from .model import ImageClassifier
 from .predictions import csv_header, csv_row, top_classes
 from .resume import check_checkpoint
 from .run_folders import last_checkpoints
+from .transforms import Preprocessing
 
 
 def best_checkpoint(runs: Path) -> Path:
@@ -56,21 +57,15 @@ def image_files(inputs: list[Path]) -> list[Path]:
     return found
 
 
-def data_options(checkpoint: Path) -> dict:
-    """The data module's options saved in the checkpoint (image size, data folder). Memory-mapped:
-    the weights, loaded already by load_from_checkpoint, are not read again."""
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-    return saved.get("datamodule_hyper_parameters", {})
+def saved_state(checkpoint: Path) -> dict:
+    """A checkpoint's contents, memory-mapped: the weights, loaded already by load_from_checkpoint,
+    are not read again."""
+    return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
 
 
-def image_size(options: dict) -> int:
-    """The side the model was trained at."""
-    return int(options.get("image_size", {{ cookiecutter.image_size }}))
-
-
-def classify(model: ImageClassifier, paths: list[Path], side: int, batch_size: int, top_k: int):
+def classify(model: ImageClassifier, paths: list[Path], preprocessing: Preprocessing, batch_size: int, top_k: int):
     """Yield (path, [(class name, probability), ...]) for each readable image, best class first."""
-    transform = build_eval_transform(side)
+    transform = preprocessing.eval_transform()
     names = model.label_names()
     device = next(model.parameters()).device
     for start in range(0, len(paths), batch_size):
@@ -84,7 +79,7 @@ def classify(model: ImageClassifier, paths: list[Path], side: int, batch_size: i
         if not batch:
             continue
         with torch.inference_mode():
-            probabilities = model(normalize_images(torch.stack(batch).to(device))).float().softmax(-1)
+            probabilities = model(preprocessing.normalize(torch.stack(batch).to(device))).float().softmax(-1)
         yield from zip(readable, top_classes(probabilities, names, top_k), strict=True)
 
 
@@ -106,7 +101,9 @@ def main(args: list[str]) -> int:
     if checkpoint.is_dir():
         raise DataError(f"{checkpoint} is a sharded checkpoint: make it one file with `consolidate` first.")
     model = ImageClassifier.load_from_checkpoint(checkpoint, map_location=options.device, weights_only=True).eval()
-    rows = classify(model, paths, image_size(data_options(checkpoint)), options.batch_size, options.top_k)
+    # Prepared as in training, whatever the configuration says now: the checkpoint records how.
+    preprocessing = checkpoint_preprocessing(saved_state(checkpoint))
+    rows = classify(model, paths, preprocessing, options.batch_size, options.top_k)
 
     written = 0
     with options.output.open("w", newline="") as file:

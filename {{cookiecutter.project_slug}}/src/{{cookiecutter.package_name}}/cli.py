@@ -88,6 +88,10 @@ class SuggestingParser(LightningArgumentParser):
         return list(dict.fromkeys(names))
 
 
+def pretrained_backbone(backbone: str, pretrained: bool) -> str | None:
+    return backbone if pretrained else None
+
+
 def condensed(message: str) -> str:
     """jsonargparse's message on one line: `Parser key "data.batch_size":`, its first reason, and the
     types and value it lists after that."""
@@ -137,6 +141,8 @@ class ClassifierCLI(LightningCLI):
         parser.link_arguments("data.batch_size", "model.batch_size")
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+        # Pretrained weights expect images prepared as in their own training (mean, std, resize).
+        parser.link_arguments(("model.backbone", "model.pretrained"), "data.pretrained_backbone", pretrained_backbone)
         parser.add_argument(
             "--float32_matmul_precision",
             type=Literal["highest", "high", "medium"],

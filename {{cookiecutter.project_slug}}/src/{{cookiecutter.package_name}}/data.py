@@ -12,20 +12,18 @@ import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image, ImageOps
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
-from torchvision.transforms.v2.functional import normalize, pil_to_tensor, to_dtype
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from . import shapes
 from .errors import ConfigError, DataError, MissingError
 from .sharding import shards_weights
-
-# The statistics torchvision's pretrained weights expect; harmless when training from scratch.
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from .transforms import Augment, Interpolation, Preprocessing, resolve_preprocessing, train_transform
 
 
 class ImageDataModule(L.LightningDataModule):
@@ -43,7 +41,25 @@ class ImageDataModule(L.LightningDataModule):
         image_size: Side in pixels of the square images the model sees.
         val_fraction: Share of each class held out for validation when there is no `val/` folder.
         split_seed: Seed of that split; keep it fixed so validation images never leak into training.
+        augment: Training augmentation: "basic" (random crop and the flips below), "trivialaugment",
+            "randaugment" or "autoaugment" (basic, then that policy's colour and geometry changes, as
+            in torchvision's reference recipes), or "none" (the evaluation resize and crop only).
+        hflip: Flip training images left-right at random. Turn it off where the mirror image is
+            another thing (text, digits, some medical and satellite images).
+        vflip: Flip training images upside down at random (aerial, microscopy and other images
+            without an up).
         min_crop_scale: Smallest image area kept by the training random crop.
+        random_erasing: Probability of erasing a random rectangle of each training image (to the
+            mean colour); 0.25 is the reference recipes' value.
+        crop_ratio: Evaluation resizes the shorter side to image_size / crop_ratio, then centre-crops
+            image_size (0.875: 256 then 224). Unset: the pretrained weights' own, else 1.0.
+        interpolation: Resampling of every resize and crop. Unset: the pretrained weights' own, else
+            bilinear.
+        mean: Per-channel mean subtracted from images scaled to [0, 1]. Unset: the pretrained
+            weights' own, else ImageNet's.
+        std: Per-channel standard deviation images are divided by. Unset: as for mean.
+        pretrained_backbone: The backbone whose pretrained weights' preprocessing fills what is
+            unset above; the CLI sets it from model.backbone when model.pretrained is true.
         prefetch_factor: Batches each worker loads ahead.
         bad_images: What an unreadable (corrupt, truncated) image does: "skip" it with a warning
             that names the file, or stop with an "error" that names it.
@@ -64,13 +80,22 @@ class ImageDataModule(L.LightningDataModule):
         image_size: int = {{ cookiecutter.image_size }},
         val_fraction: float = 0.2,
         split_seed: int = 0,
+        augment: Augment = "basic",
+        hflip: bool = True,
+        vflip: bool = False,
         min_crop_scale: float = 0.35,
+        random_erasing: float = 0.0,
+        crop_ratio: float | None = None,
+        interpolation: Interpolation | None = None,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+        pretrained_backbone: str | None = None,
         prefetch_factor: int = 2,
         bad_images: Literal["skip", "error"] = "skip",
         worker_start_method: Literal["forkserver", "spawn", "fork"] = "forkserver",
     ) -> None:
         super().__init__()
-        counts = {"batch_size": batch_size, "image_size": image_size, "prefetch_factor": prefetch_factor}
+        counts = {"batch_size": batch_size, "prefetch_factor": prefetch_factor}  # image_size: Preprocessing
         for name, value in counts.items():
             if value < 1:
                 raise ConfigError(f"data.{name} must be 1 or more, got {value}")
@@ -80,8 +105,13 @@ class ImageDataModule(L.LightningDataModule):
             raise ConfigError(f"data.val_fraction must be between 0 and 1, got {val_fraction}")
         if not 0 < min_crop_scale <= 1:
             raise ConfigError(f"data.min_crop_scale must be above 0 and at most 1, got {min_crop_scale}")
+        if not 0 <= random_erasing <= 1:
+            raise ConfigError(f"data.random_erasing must be a probability (0 to 1), got {random_erasing}")
         self.save_hyperparameters()
         self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
+        self.preprocessing = resolve_preprocessing(
+            image_size, pretrained_backbone, crop_ratio=crop_ratio, interpolation=interpolation, mean=mean, std=std
+        )
         self.data_dir = Path(data_dir)
         self.batch_size = batch_size
         self._class_names: list[str] | None = None
@@ -108,9 +138,6 @@ class ImageDataModule(L.LightningDataModule):
         classes = self.class_names
         train_dir = self._train_dir()
         val_dir = self.data_dir / "val"
-        train_transform = build_train_transform(self.hparams.image_size, self.hparams.min_crop_scale)
-        eval_transform = build_eval_transform(self.hparams.image_size)
-
         # Each split gets its own dataset object and transform, so augmentation never leaks into
         # validation (the bug of setting .transform on a dataset that two Subsets share).
         if val_dir.is_dir():
@@ -124,11 +151,30 @@ class ImageDataModule(L.LightningDataModule):
             train_samples = [samples[i] for i in train_idx]
             val_samples = [samples[i] for i in val_idx]
         skip = self.hparams.bad_images == "skip"
-        self.train_set = ImageFiles(train_samples, train_transform, skip)
-        self.val_set = ImageFiles(val_samples, eval_transform, skip)
+        self.train_set = ImageFiles(train_samples, skip_unreadable=skip)
+        self.val_set = ImageFiles(val_samples, skip_unreadable=skip)
         test_dir = self.data_dir / "test"
         if test_dir.is_dir():
-            self.test_set = ImageFiles(find_images(test_dir, classes), eval_transform, skip)
+            self.test_set = ImageFiles(find_images(test_dir, classes), skip_unreadable=skip)
+        self._set_transforms()
+
+    def _set_transforms(self) -> None:
+        """Give the splits their transforms: again when a checkpoint's preprocessing replaces the
+        configuration's (loading a checkpoint comes after setup)."""
+        if self.train_set is None:
+            return
+        options = self.hparams
+        self.train_set.transform = train_transform(
+            self.preprocessing,
+            options.augment,
+            options.hflip,
+            options.vflip,
+            options.min_crop_scale,
+            options.random_erasing,
+        )
+        for evaluated in (self.val_set, self.test_set):
+            if evaluated is not None:
+                evaluated.transform = self.preprocessing.eval_transform()
 
     def train_dataloader(self) -> DataLoader:
         # A last batch of one image breaks BatchNorm, and a short one skews its statistics; but each
@@ -169,11 +215,11 @@ class ImageDataModule(L.LightningDataModule):
         # Batches travel as uint8, a quarter of float32's bytes through worker shared memory and
         # the host-to-GPU copy, and become normalised floats on the device, where that is fastest.
         images, labels = batch
-        return normalize_images(images), labels
+        return self.preprocessing.normalize(images), labels
 
     def state_dict(self) -> dict:
-        # Saved in every checkpoint, so the label order travels with the weights.
-        return {"class_names": self.class_names}
+        # Saved in every checkpoint, so the label order and the preprocessing travel with the weights.
+        return {"class_names": self.class_names, "preprocessing": self.preprocessing.as_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved = state_dict.get("class_names")
@@ -181,6 +227,17 @@ class ImageDataModule(L.LightningDataModule):
             raise DataError(
                 f"The checkpoint's data had the classes {saved} but {self.data_dir} has {self.class_names}."
             )
+        # The weights were trained on images prepared one way: evaluating or resuming them on
+        # images prepared another way would be measuring or training something else.
+        trained = saved_preprocessing(state_dict, self.preprocessing.image_size)
+        if trained != self.preprocessing:
+            rank_zero_info(
+                f"Using the checkpoint's preprocessing ({trained.describe()}) rather than the configuration's "
+                f"({self.preprocessing.describe()}); to change it, start a new run."
+            )
+            self.preprocessing = trained
+            self.hparams.update(trained.as_dict())
+            self._set_transforms()
 
     def _train_dir(self) -> Path:
         if not self.data_dir.is_dir():
@@ -263,7 +320,9 @@ class ImageFiles(Dataset):
     """(path, label) pairs read as RGB tensors and passed through `transform`; an unreadable file
     gives None (with a warning naming it) when `skip_unreadable`, else an error naming it."""
 
-    def __init__(self, samples: list[tuple[str, int]], transform: v2.Transform, skip_unreadable: bool = True) -> None:
+    def __init__(
+        self, samples: list[tuple[str, int]], transform: v2.Transform | None = None, skip_unreadable: bool = True
+    ) -> None:
         self.samples = samples
         self.transform = transform
         self.skip_unreadable = skip_unreadable
@@ -282,7 +341,7 @@ class ImageFiles(Dataset):
                 ) from error
             warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
             return None
-        return self.transform(image), label
+        return (self.transform(image) if self.transform else image), label
 
 
 def collate_readable(samples: list) -> list[torch.Tensor]:
@@ -307,30 +366,16 @@ def read_rgb(path: str) -> torch.Tensor:
             return pil_to_tensor(image.convert("RGB"))
 
 
-def build_train_transform(image_size: int, min_crop_scale: float) -> v2.Compose:
-    """Augmentation on uint8 images (16-bit ones are brought to uint8 last); see normalize_images."""
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(image_size, scale=(min_crop_scale, 1.0), antialias=True),
-            v2.RandomHorizontalFlip(),
-            v2.ToDtype(torch.uint8, scale=True),
-        ]
-    )
+def saved_preprocessing(state: dict, image_size: int) -> Preprocessing:
+    """The preprocessing in a checkpoint's data state; older checkpoints saved none, and were
+    trained with the defaults at their image size."""
+    return Preprocessing.from_dict(state.get("preprocessing") or {"image_size": image_size})
 
 
-def build_eval_transform(image_size: int) -> v2.Compose:
-    return v2.Compose(
-        [
-            v2.Resize(image_size, antialias=True),
-            v2.CenterCrop(image_size),
-            v2.ToDtype(torch.uint8, scale=True),
-        ]
-    )
-
-
-def normalize_images(images: torch.Tensor) -> torch.Tensor:
-    """uint8 images as the floats the model takes: scaled to [0, 1] and standardised."""
-    return normalize(to_dtype(images, torch.float32, scale=True), IMAGENET_MEAN, IMAGENET_STD)
+def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
+    """The preprocessing a checkpoint's weights were trained with (for classify, export, serving)."""
+    image_size = checkpoint.get("datamodule_hyper_parameters", {}).get("image_size", {{ cookiecutter.image_size }})
+    return saved_preprocessing(checkpoint.get(ImageDataModule.__qualname__, {}), image_size)
 
 
 class TooFewClassesError(DataError):

@@ -1,7 +1,8 @@
 """`python -m {{ cookiecutter.package_name }} export CHECKPOINT --format onnx|pt2`: a model to serve without this project.
 
 The exported model takes a batch of uint8 RGB images, N x 3 x S x S (S: the training image size,
-printed), and returns class probabilities; normalisation is inside. `pt2` is a torch.export
+printed), resized and cropped as its metadata says, and returns class probabilities; scaling and
+normalisation are inside. `pt2` is a torch.export
 program (torch.export.load); `onnx` needs `pip install onnx onnxscript` (the `export` extra).
 Both are checked against the PyTorch model on real images, and the largest difference printed;
 ONNX through onnxruntime when it is installed. An ONNX file is one file holding its weights (up to
@@ -16,10 +17,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .classify import data_options, image_files, image_size
-from .data import build_eval_transform, normalize_images, read_rgb
+from .classify import image_files, saved_state
+from .data import checkpoint_preprocessing, read_rgb
 from .errors import MissingError
 from .model import ImageClassifier
+from .transforms import Preprocessing
 
 # Exported and PyTorch probabilities may differ by float rounding, never by more than this.
 TOLERANCE = 1e-4
@@ -30,30 +32,34 @@ ONNX_SINGLE_FILE_BYTES = 1_800_000_000
 class ServedClassifier(nn.Module):
     """uint8 images in, class probabilities out: what a server or an app calls."""
 
-    def __init__(self, model: ImageClassifier) -> None:
+    def __init__(self, model: ImageClassifier, preprocessing: Preprocessing) -> None:
         super().__init__()
         self.model = model
+        self.preprocessing = preprocessing
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model(normalize_images(images)).softmax(-1)
+        return self.model(self.preprocessing.normalize(images)).softmax(-1)
 
 
-def sample_images(sources: list[Path], side: int, count: int = 8) -> torch.Tensor:
+def sample_images(sources: list[Path], preprocessing: Preprocessing, count: int = 8) -> torch.Tensor:
     """Up to `count` real images, resized and cropped as for evaluation, as one uint8 batch."""
     paths = image_files(sources)[:count]
     if not paths:
         raise MissingError(f"no images in {', '.join(map(str, sources))}")
-    transform = build_eval_transform(side)
+    transform = preprocessing.eval_transform()
     return torch.stack([transform(read_rgb(str(path))) for path in paths])
 
 
-def onnx_metadata(model: ImageClassifier, side: int) -> dict[str, str]:
+def onnx_metadata(model: ImageClassifier, preprocessing: Preprocessing) -> dict[str, str]:
     """What a server needs besides the graph: the classes, and the preprocessing of its input."""
+    side = preprocessing.image_size
     return {
         "class_names": json.dumps(model.label_names()),
         "image_size": str(side),
         "input": f"uint8 RGB images, N x 3 x {side} x {side}; scaling and normalisation are inside the model",
-        "preprocessing": f"resize the shorter side to {side} px (antialiased), then center-crop {side} x {side}",
+        "preprocessing": f"resize the shorter side to {preprocessing.resize_size} px ({preprocessing.interpolation}, "
+        f"antialiased), then center-crop {side} x {side}",
+        "normalisation": json.dumps({"mean": list(preprocessing.mean), "std": list(preprocessing.std)}),
         "output": "class probabilities, in the order of class_names",
     }
 
@@ -95,19 +101,19 @@ def main(args: list[str]) -> int:
         parser.error(f"{options.checkpoint} is not a checkpoint file (a sharded folder needs `consolidate` first).")
 
     model = ImageClassifier.load_from_checkpoint(options.checkpoint, map_location="cpu", weights_only=True).eval()
-    saved = data_options(options.checkpoint)
-    data_dir = Path(saved.get("data_dir", "data"))
-    sources = options.images or [data_dir]
-    side = image_size(saved)
+    saved = saved_state(options.checkpoint)
+    preprocessing = checkpoint_preprocessing(saved)
+    sources = options.images or [Path(saved.get("datamodule_hyper_parameters", {}).get("data_dir", "data"))]
+    side = preprocessing.image_size
     try:
-        images = sample_images(sources, side)
+        images = sample_images(sources, preprocessing)
     except FileNotFoundError as error:
         parser.error(f"Nothing to check the export on ({error}): pass --images.")
-    served = ServedClassifier(model).eval()
+    served = ServedClassifier(model, preprocessing).eval()
     output = options.output or options.checkpoint.with_suffix(f".{options.format}")
     with torch.no_grad():
         expected = served(images)
-        exported = export(served, images, options.format, output, onnx_metadata(model, side))
+        exported = export(served, images, options.format, output, onnx_metadata(model, preprocessing))
     print(f"Wrote {output}: uint8 images N x 3 x {side} x {side} in, {expected.shape[1]} class probabilities out.")
     if exported is None:
         print("Not run: onnxruntime is not installed (pip install onnxruntime), so no comparison was made.")
