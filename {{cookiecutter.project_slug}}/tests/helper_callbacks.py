@@ -128,3 +128,15 @@ class SigtermAt(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class StopAfterEpoch(L.Callback):
+    """End a run after an epoch's validation, as an interruption between epochs would; last.ckpt
+    is written as usual."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch and not trainer.sanity_checking:
+            trainer.should_stop = True

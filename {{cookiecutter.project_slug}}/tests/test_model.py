@@ -77,10 +77,13 @@ def fake_trainer(processes: int = 1, accumulate: int = 1, steps: float = 100) ->
 def test_norms_and_biases_get_no_weight_decay():
     model = ImageClassifier(num_classes=3, weight_decay=0.1)
     model._trainer = fake_trainer()
-    decay, no_decay = model.configure_optimizers()["optimizer"].param_groups
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
-    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    groups = model.configure_optimizers()["optimizer"].param_groups  # the head's, then the backbone's
+    assert [group["weight_decay"] for group in groups] == [0.1, 0.0, 0.1, 0.0]
+    assert [p.shape for group in groups[:2] for p in group["params"]] == [(3, 512), (3,)]  # resnet18's fc
+    decay = [p for group in groups if group["weight_decay"] for p in group["params"]]
+    no_decay = [p for group in groups if not group["weight_decay"] for p in group["params"]]
+    assert all(p.ndim >= 2 for p in decay) and all(p.ndim == 1 for p in no_decay)
+    assert len(decay) + len(no_decay) == len(list(model.parameters()))
 
 
 def test_learning_rate_scales_with_the_effective_batch():

@@ -3,6 +3,7 @@ carries to validation, `classify` and `export`."""
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,7 +123,7 @@ def test_the_checkpoint_carries_its_preprocessing_to_validation_classify_and_exp
         expected = model(((image.float() / 255 - 0.5) / 0.25)[None]).softmax(-1)[0]
     with pytest.raises(SystemExit):
         run(monkeypatch, "classify", str(image_path), f"--checkpoint={checkpoint}", "--output=top.csv", "--top-k=1")
-    row = open("top.csv").read().splitlines()[1].split(",")
+    row = Path("top.csv").read_text().splitlines()[1].split(",")
     assert float(row[-1]) == pytest.approx(expected.max().item(), abs=1e-5)
     assert row[-2] == model.label_names()[expected.argmax()]
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 import torchvision
 from torch import nn
+from torchvision.ops import StochasticDepth
 
 from .errors import ConfigError, MissingError
 
@@ -62,7 +63,14 @@ def _refusal(model: nn.Module, size: int) -> str | None:
     return None
 
 
-def build_backbone(name: str, num_classes: int, pretrained: bool) -> nn.Module:
+def build_backbone(name: str, num_classes: int, pretrained: bool, stochastic_depth: float | None = None) -> nn.Module:
+    model = _build(name, num_classes, pretrained)
+    if stochastic_depth is not None:
+        set_stochastic_depth(model, name, stochastic_depth)
+    return model
+
+
+def _build(name: str, num_classes: int, pretrained: bool) -> nn.Module:
     check_backbone_name(name)
     # Auxiliary heads only add a second output to handle; they are off in every backbone we build.
     has_aux = name in ("googlenet", "inception_v3")
@@ -85,20 +93,41 @@ def build_backbone(name: str, num_classes: int, pretrained: bool) -> nn.Module:
         for aux in ("aux1", "aux2", "AuxLogits"):
             if hasattr(model, aux):
                 setattr(model, aux, None)
-    _replace_head(model, len(weights.meta["categories"]), num_classes)
+    path, layer = _last_layer_with_outputs(model, len(weights.meta["categories"]))
+    if isinstance(layer, nn.Linear):
+        new = nn.Linear(layer.in_features, num_classes)
+    else:  # SqueezeNet's head is a 1x1 convolution
+        new = nn.Conv2d(layer.in_channels, num_classes, layer.kernel_size)
+    parent, _, attribute = path.rpartition(".")
+    setattr(model.get_submodule(parent), attribute, new)
     return model
 
 
-def _replace_head(model: nn.Module, pretrained_classes: int, num_classes: int) -> None:
-    """Swap the last layer that outputs `pretrained_classes` for a fresh one with `num_classes` outputs."""
+def set_stochastic_depth(model: nn.Module, name: str, probability: float) -> None:
+    """Make `probability` the drop probability of the deepest residual block; torchvision's models
+    drop shallower blocks less, in proportion to their depth, and that proportion stays."""
+    layers = [module for module in model.modules() if isinstance(module, StochasticDepth)]
+    if not layers:
+        raise ConfigError(
+            f"{name} has no stochastic depth: leave model.stochastic_depth unset, or use a backbone that has "
+            "it (convnext_*, efficientnet_*, swin_*, maxvit_t)."
+        )
+    deepest = max(layer.p for layer in layers)
+    for index, layer in enumerate(layers):
+        # Built with 0, every layer has p 0: then the depth order is the layers' order.
+        share = layer.p / deepest if deepest > 0 else (index + 1) / len(layers)
+        layer.p = probability * share
+
+
+def head_name(model: nn.Module, num_classes: int) -> str:
+    """The name of the classification head: the last layer that outputs `num_classes` values."""
+    return _last_layer_with_outputs(model, num_classes)[0]
+
+
+def _last_layer_with_outputs(model: nn.Module, outputs: int) -> tuple[str, nn.Module]:
     for path, layer in reversed(list(model.named_modules())):
-        if isinstance(layer, nn.Linear) and layer.out_features == pretrained_classes:
-            new = nn.Linear(layer.in_features, num_classes)
-        elif isinstance(layer, nn.Conv2d) and layer.out_channels == pretrained_classes:  # SqueezeNet
-            new = nn.Conv2d(layer.in_channels, num_classes, layer.kernel_size)
-        else:
-            continue
-        parent, _, attribute = path.rpartition(".")
-        setattr(model.get_submodule(parent), attribute, new)
-        return
-    raise ValueError(f"found no {pretrained_classes}-way classification layer to replace in {type(model).__name__}")
+        if (isinstance(layer, nn.Linear) and layer.out_features == outputs) or (
+            isinstance(layer, nn.Conv2d) and layer.out_channels == outputs
+        ):
+            return path, layer
+    raise ValueError(f"found no {outputs}-way classification layer in {type(model).__name__}")

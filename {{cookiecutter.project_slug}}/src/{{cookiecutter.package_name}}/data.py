@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from PIL import Image, ImageOps
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
@@ -22,6 +22,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from . import shapes
 from .errors import ConfigError, DataError, MissingError
+from .sampling import ClassBalancedSampler, imbalance_warning
 from .sharding import shards_weights
 from .transforms import Augment, Interpolation, Preprocessing, resolve_preprocessing, train_transform
 
@@ -61,6 +62,9 @@ class ImageDataModule(L.LightningDataModule):
         pretrained_backbone: The backbone whose pretrained weights' preprocessing fills what is
             unset above; the CLI sets it from model.backbone when model.pretrained is true.
         prefetch_factor: Batches each worker loads ahead.
+        balanced_sampling: Draw training images so that every class comes up alike (with
+            replacement; an epoch is still as many images as the data has), each process taking
+            its share under DDP. For strongly imbalanced data; model.class_weights is the other remedy.
         bad_images: What an unreadable (corrupt, truncated) image does: "skip" it with a warning
             that names the file, or stop with an "error" that names it.
         worker_start_method: How data workers start. "forkserver" (spawn on macOS and Windows): each
@@ -91,6 +95,7 @@ class ImageDataModule(L.LightningDataModule):
         std: tuple[float, float, float] | None = None,
         pretrained_backbone: str | None = None,
         prefetch_factor: int = 2,
+        balanced_sampling: bool = False,
         bad_images: Literal["skip", "error"] = "skip",
         worker_start_method: Literal["forkserver", "spawn", "fork"] = "forkserver",
     ) -> None:
@@ -157,6 +162,15 @@ class ImageDataModule(L.LightningDataModule):
         if test_dir.is_dir():
             self.test_set = ImageFiles(find_images(test_dir, classes), skip_unreadable=skip)
         self._set_transforms()
+        if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), classes)):
+            rank_zero_warn(warning)
+
+    def train_class_counts(self) -> list[int]:
+        """The training images of each class, in label order."""
+        return torch.bincount(torch.tensor(self._train_labels()), minlength=self.num_classes).tolist()
+
+    def _train_labels(self) -> list[int]:
+        return [label for _, label in self.train_set.samples]
 
     def _set_transforms(self) -> None:
         """Give the splits their transforms: again when a checkpoint's preprocessing replaces the
@@ -186,8 +200,16 @@ class ImageDataModule(L.LightningDataModule):
             # alike on every rank; offset it so ranks crop and flip differently. (Lightning seeds each
             # worker from the seed, its rank and its worker id.)
             torch.manual_seed(torch.initial_seed() + self.trainer.global_rank)
-        # Lightning adds the DistributedSampler that gives each process its share of the images.
-        return self._loader(self.train_set, shuffle=True, drop_last=per_process > self.batch_size)
+        shards = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # what seed_everything set: the same on every process
+        if self.hparams.balanced_sampling:
+            sampler = ClassBalancedSampler(self._train_labels(), **shards, seed=seed)
+        else:
+            # The sampler Lightning would add under DDP, on one device too: each epoch's order comes
+            # from the seed and the epoch, so a resumed run sees the images in the order an
+            # uninterrupted one would (a plain shuffle draws from the process's random state).
+            sampler = DistributedSampler(self.train_set, **(shards or {"num_replicas": 1, "rank": 0}), seed=seed)
+        return self._loader(self.train_set, sampler=sampler, drop_last=per_process > self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, sampler=self._evaluation_sampler(self.val_set))
@@ -257,14 +279,11 @@ class ImageDataModule(L.LightningDataModule):
             )
         return self.data_dir
 
-    def _loader(
-        self, dataset: Dataset, shuffle: bool = False, drop_last: bool = False, sampler: Sampler | None = None
-    ) -> DataLoader:
+    def _loader(self, dataset: Dataset, drop_last: bool = False, sampler: Sampler | None = None) -> DataLoader:
         workers = self.worker_count()
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
             sampler=sampler,
             drop_last=drop_last,
             num_workers=workers,

@@ -3,6 +3,7 @@
 import difflib
 import json
 import math
+import os
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -16,7 +17,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from .backbone import build_backbone, check_image_size
+from .backbone import build_backbone, check_image_size, head_name
+from .batch_mixing import BatchMixing
 from .errors import ConfigError, DataError
 from .metrics import MeanPerImage, classification_metrics
 from .reports import write_report
@@ -31,12 +33,29 @@ class ImageClassifier(L.LightningModule):
         class_names: Class names in label order; the CLI takes them from the data and they are
             saved with every checkpoint.
         backbone: A torchvision classification model name, such as resnet18 or efficientnet_b0.
-        pretrained: Start from torchvision's ImageNet weights (downloaded once into TORCH_HOME).
+        pretrained: Start from torchvision's ImageNet weights (downloaded once into TORCH_HOME); the
+            images are then prepared as those weights expect (data.mean, std, crop_ratio, interpolation).
         lr: Peak learning rate for an effective batch of `base_batch_size` images.
         weight_decay: AdamW weight decay for weight matrices and kernels; biases and norms get none.
         warmup_fraction: Fraction of the optimizer steps spent warming the learning rate up linearly
             before the cosine decay.
-        label_smoothing: Label smoothing of the training loss (0 turns it off).
+        label_smoothing: Label smoothing of the training loss (0 turns it off); composes with mixing.
+        mixup_alpha: Mixup: blend pairs of training images and their labels, with weights drawn from
+            Beta(alpha, alpha); 0.2 to 0.8 in the reference recipes, 0 turns it off.
+        cutmix_alpha: CutMix: paste a rectangle of another training image, labels weighted by area;
+            1.0 in the reference recipes, 0 turns it off. With mixing on, the train/ accuracy metrics
+            are off (a blended image has no one label); validation runs on whole images.
+        mix_prob: Share of the training batches that are mixed.
+        mix_switch_prob: With both Mixup and CutMix on, the share of mixed batches that get CutMix.
+        class_weights: Weigh the training loss per class: "balanced" by images / (classes x the
+            class's training images), so each class counts alike whatever its size; "none" counts each image alike.
+        stochastic_depth: Probability that training skips the deepest residual block (drop path;
+            shallower blocks less, in proportion), for the backbones that have it (ConvNeXt,
+            EfficientNet, Swin, MaxViT). Unset: torchvision's value for the backbone (0.1 to 0.5).
+        backbone_lr_scale: The learning rate of every layer but the classification head, as a share
+            of `lr`: below 1 (0.1, say) changes pretrained features less than the new head.
+        frozen_backbone_epochs: Train only the head for this many epochs first (the backbone's
+            learning rate is 0 until then), so its random start does not disturb pretrained features.
         batch_size: Images per device and step; the CLI takes it from the data.
         base_batch_size: The effective batch size at which `lr` applies unscaled.
         scale_lr: Scale `lr` linearly by effective batch size / `base_batch_size`.
@@ -58,6 +77,14 @@ class ImageClassifier(L.LightningModule):
         weight_decay: float = 0.05,
         warmup_fraction: float = 0.05,
         label_smoothing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        mix_prob: float = 1.0,
+        mix_switch_prob: float = 0.5,
+        class_weights: Literal["none", "balanced"] = "none",
+        stochastic_depth: float | None = None,
+        backbone_lr_scale: float = 1.0,
+        frozen_backbone_epochs: int = 0,
         batch_size: int = 64,
         base_batch_size: int = 64,
         scale_lr: bool = True,
@@ -73,13 +100,19 @@ class ImageClassifier(L.LightningModule):
             ("weight_decay", weight_decay, weight_decay >= 0, "0 or more"),
             ("warmup_fraction", warmup_fraction, 0 <= warmup_fraction < 1, below_one),
             ("label_smoothing", label_smoothing, 0 <= label_smoothing < 1, below_one),
+            ("stochastic_depth", stochastic_depth, stochastic_depth is None or 0 <= stochastic_depth < 1, below_one),
+            ("backbone_lr_scale", backbone_lr_scale, backbone_lr_scale >= 0, "0 or more"),
+            ("frozen_backbone_epochs", frozen_backbone_epochs, frozen_backbone_epochs >= 0, "0 or more"),
             ("batch_size", batch_size, batch_size >= 1, "1 or more"),
             ("base_batch_size", base_batch_size, base_batch_size >= 1, "1 or more"),
         ]:
             if not allowed:
                 raise ConfigError(f"model.{name} must be {wanted}, got {value}")
         self.save_hyperparameters()
-        self.backbone = build_backbone(backbone, num_classes, pretrained)
+        self.backbone = build_backbone(backbone, num_classes, pretrained, stochastic_depth)
+        self.batch_mixing = BatchMixing(num_classes, mixup_alpha, cutmix_alpha, mix_prob, mix_switch_prob)
+        # Set from the training data's class counts when the fit starts (class_weights: balanced).
+        self.register_buffer("loss_weights", None, persistent=False)
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = classification_metrics(num_classes, "train/")
         self.val_metrics = classification_metrics(num_classes, "val/")
@@ -98,14 +131,23 @@ class ImageClassifier(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
+        targets = labels
+        if self.batch_mixing.enabled:
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # what seed_everything set
+            images, targets = self.batch_mixing(
+                images, labels, seed, self.global_rank, self.trainer.fit_loop.total_batch_idx
+            )
         logits = self(images)
-        losses = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing, reduction="none")
-        self.train_metrics.update(logits, labels)
+        losses = F.cross_entropy(
+            logits, targets, weight=self.loss_weights, label_smoothing=self.hparams.label_smoothing, reduction="none"
+        )
         # train/loss_step is this process's batch (an all-reduce per step would stall every step for a
         # number only plotted); train/loss_epoch, like every metric object, is summed across processes.
         self.train_loss(losses)
         self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
-        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        if not self.batch_mixing.enabled:
+            self.train_metrics.update(logits, labels)
+            self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return losses.mean()
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -193,13 +235,19 @@ class ImageClassifier(L.LightningModule):
             share_buffers(self.backbone)
 
     def configure_optimizers(self) -> dict:
-        # Biases and norm scales (the 1-D parameters) only fight the normalisation when decayed.
-        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
-        groups = [
-            {"params": decay, "weight_decay": self.hparams.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+        head = head_name(self.backbone, self.hparams.num_classes)
+        groups, in_head = [], []
+        for part in ("head", "backbone"):
+            named = [
+                (name, p) for name, p in self.backbone.named_parameters()
+                if p.requires_grad and (name.startswith(f"{head}.") == (part == "head"))
+            ]  # fmt: skip
+            # Biases and norm scales (the 1-D parameters) only fight the normalisation when decayed.
+            for decayed in (True, False):
+                params = [p for _, p in named if (p.ndim >= 2) == decayed]
+                if params:
+                    groups.append({"params": params, "weight_decay": self.hparams.weight_decay if decayed else 0.0})
+                    in_head.append(part == "head")
         if self._offloads_optimizer():
             # DeepSpeed steps an offloaded optimizer on the CPU and accepts only its own fused CPU
             # Adam there; adamw_mode gives it AdamW's decoupled weight decay.
@@ -215,9 +263,22 @@ class ImageClassifier(L.LightningModule):
             )
         warmup_steps = round(total_steps * self.hparams.warmup_fraction)
         schedule = partial(warmup_cosine, warmup_steps=warmup_steps, total_steps=int(total_steps))
+        # Freezing is a learning rate of 0, not requires_grad=False: DDP and the sharding engines
+        # expect a gradient for every parameter they were given.
+        frozen_steps = 0
+        if self.hparams.frozen_backbone_epochs:
+            batches = self.trainer.num_training_batches
+            if not math.isfinite(batches):
+                raise ConfigError("model.frozen_backbone_epochs needs epochs of known length: a sized dataset.")
+            steps_per_epoch = math.ceil(batches / self.trainer.accumulate_grad_batches)
+            frozen_steps = self.hparams.frozen_backbone_epochs * steps_per_epoch
+        backbone = partial(
+            backbone_factor, schedule=schedule, scale=self.hparams.backbone_lr_scale, frozen_steps=frozen_steps
+        )
+        factors = [schedule if head else backbone for head in in_head]
         return {
             "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": LambdaLR(optimizer, schedule), "interval": "step"},
+            "lr_scheduler": {"scheduler": LambdaLR(optimizer, factors), "interval": "step"},
         }
 
     def _offloads_optimizer(self) -> bool:
@@ -247,12 +308,23 @@ class ImageClassifier(L.LightningModule):
     def logged_metrics(self) -> list[str]:
         """Every name this model logs, for checking what callbacks monitor."""
         names = ["train/loss", "train/loss_step", "train/loss_epoch", "val/loss", "test/loss"]
-        for metrics in (self.train_metrics, self.val_metrics, self.test_metrics):
+        logged = (self.val_metrics, self.test_metrics)
+        if not self.batch_mixing.enabled:
+            logged = (self.train_metrics, *logged)
+        for metrics in logged:
             names += list(metrics.keys(keep_base=False))
         return names
 
     def setup(self, stage: str) -> None:
         self.check_run(self.trainer.callbacks, self.trainer.datamodule)
+        if stage == "fit" and self.hparams.class_weights == "balanced":
+            counts = torch.tensor(self.trainer.datamodule.train_class_counts(), dtype=torch.float32)
+            self.loss_weights = counts.sum() / (len(counts) * counts.clamp(min=1))
+        if stage == "fit" and self.batch_mixing.enabled:
+            rank_zero_info(
+                "Mixup/CutMix on: train/loss is the loss on the blended images; the train/ accuracy metrics are off "
+                "(a blended image has no one label) and val/ metrics are on whole images."
+            )
 
     def check_run(self, callbacks: list, datamodule) -> None:
         """Refuse what would fail only later: a monitored metric that is never logged (after the first
@@ -299,6 +371,11 @@ class ImageClassifier(L.LightningModule):
             folder = Path(checkpoint.dirpath)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "class_names.json").write_text(json.dumps(self.hparams.class_names, indent=2) + "\n")
+
+
+def backbone_factor(step: int, schedule, scale: float, frozen_steps: int) -> float:
+    """The backbone's learning-rate factor: 0 while it is frozen, then `scale` x the schedule."""
+    return 0.0 if step < frozen_steps else scale * schedule(step)
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:

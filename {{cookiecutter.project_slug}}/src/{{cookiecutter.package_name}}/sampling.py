@@ -1,0 +1,40 @@
+"""Class imbalance: a sampler that draws every class alike, and the warning that points to it."""
+
+import torch
+from torch.utils.data import DistributedSampler
+
+# A class with this many times fewer training images than the commonest one is warned about.
+SEVERE_IMBALANCE = 10
+
+
+class ClassBalancedSampler(DistributedSampler):
+    """An epoch of training images (as many as the data has) drawn with replacement, each class as
+    often as any other. Every process draws the same seeded sequence and takes every
+    `num_replicas`-th draw from its `rank` on, so together they take each draw once. A
+    DistributedSampler, so Lightning gives it the epoch (a new sequence each) and leaves it unwrapped."""
+
+    def __init__(self, labels: list[int], num_replicas: int = 1, rank: int = 0, seed: int = 0) -> None:
+        super().__init__(labels, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        labels = torch.tensor(labels)
+        self.weights = 1.0 / torch.bincount(labels)[labels].double()
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        draws = torch.multinomial(self.weights, self.total_size, replacement=True, generator=generator)
+        return iter(draws[self.rank : self.total_size : self.num_replicas].tolist())
+
+
+def imbalance_warning(counts: list[int], names: list[str]) -> str | None:
+    """A line naming the rarest classes when the commonest has SEVERE_IMBALANCE times their images."""
+    commonest = max(counts)
+    rare = sorted(
+        (count, name) for count, name in zip(counts, names, strict=True) if count * SEVERE_IMBALANCE <= commonest
+    )
+    if not rare:
+        return None
+    listed = ", ".join(f"{name} ({count})" for count, name in rare[:5]) + (", ..." if len(rare) > 5 else "")
+    return (
+        f"Severe class imbalance: {listed} against {commonest} training images for "
+        f"{names[counts.index(commonest)]}. Accuracy will mostly reflect the common classes (watch val/f1); "
+        "consider model.class_weights: balanced or data.balanced_sampling: true."
+    )

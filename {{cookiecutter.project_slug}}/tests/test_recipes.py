@@ -1,0 +1,202 @@
+"""The training recipe's options, each in real training: Mixup/CutMix, EMA of the weights, class
+imbalance, stochastic depth and fine-tuning's backbone learning rate."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ON_CPU, on_data
+from lightning.pytorch.strategies import ModelParallelStrategy
+from PIL import Image
+from torchvision.ops import StochasticDepth
+
+from {{ cookiecutter.package_name }}.backbone import build_backbone
+from {{ cookiecutter.package_name }}.batch_mixing import BatchMixing
+from {{ cookiecutter.package_name }}.cli import build
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.ema import ModelEMA
+from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.sampling import ClassBalancedSampler
+
+SMALL = ["--data.image_size=32", "--trainer.limit_val_batches=2", "--trainer.deterministic=true"]
+
+
+def logged_to(folder: str) -> list[str]:
+    """A CSV logger writing under `folder`, where the run's checkpoints go too."""
+    return ["--trainer.logger={{ cookiecutter.package_name }}.csv_logging.ResumableCSVLogger",
+            f"--trainer.logger.save_dir={folder}", "--trainer.logger.name=run"]  # fmt: skip
+
+
+def last_checkpoint(folder: str) -> dict:
+    """The newest run's last.ckpt (a run resumed outside the CLI writes into a run folder of its own)."""
+    saved = [torch.load(path, weights_only=True) for path in Path(folder).glob("run/*/checkpoints/last.ckpt")]
+    return max(saved, key=lambda checkpoint: checkpoint["global_step"])
+
+
+def fitted(tiny_shapes, *options: str, ckpt_path: str | None = None):
+    cli = build([*ON_CPU, *on_data(tiny_shapes), *SMALL, *options])
+    cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt_path)
+    return cli
+
+
+def batch(classes: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.rand(classes, 3, 8, 8), torch.arange(classes)  # one image of each class
+
+
+def test_mixup_blends_each_image_with_its_neighbour_and_the_labels_alike():
+    images, labels = batch()
+    state = torch.random.get_rng_state()
+    mixed, targets = BatchMixing(4, mixup_alpha=0.4, cutmix_alpha=0, prob=1, switch_prob=0)(images, labels, 0, 0, 5)
+    assert torch.equal(torch.random.get_rng_state(), state), "the run's own random state is untouched"
+    share = targets[0, 0].item()  # how much of image 0 is in mixed image 0
+    assert 0 < share < 1 and torch.allclose(targets.sum(1), torch.ones(4))
+    assert torch.allclose(mixed, share * images + (1 - share) * images.roll(1, 0), atol=1e-6)
+    assert torch.allclose(targets, share * torch.eye(4) + (1 - share) * torch.eye(4).roll(1, 0))
+    again, _ = BatchMixing(4, 0.4, 0, 1, 0)(images, labels, 0, 0, 5)
+    other, _ = BatchMixing(4, 0.4, 0, 1, 0)(images, labels, 0, 1, 5)
+    assert torch.equal(again, mixed) and not torch.equal(other, mixed), "seeded by run, process and batch"
+
+
+def test_cutmix_labels_weigh_each_image_by_the_area_it_keeps():
+    images, labels = batch()
+    mixed, targets = BatchMixing(4, mixup_alpha=0, cutmix_alpha=1.0, prob=1, switch_prob=1)(images, labels, 0, 0, 3)
+    kept = (mixed == images).all(dim=1).flatten(1).float().mean(1)  # share of each image's own pixels
+    pasted = (mixed == images.roll(1, 0)).all(dim=1).flatten(1).float().mean(1)
+    assert torch.allclose(kept + pasted, torch.ones(4))
+    assert torch.allclose(targets[torch.arange(4), labels], kept, atol=1e-6)
+
+
+def test_unmixed_batches_get_one_hot_targets():
+    images, labels = batch()
+    mixed, targets = BatchMixing(4, 0.4, 1.0, prob=0, switch_prob=0.5)(images, labels, 0, 0, 0)
+    assert torch.equal(mixed, images) and torch.equal(targets, torch.eye(4))
+
+
+def test_mixing_trains_on_soft_targets_and_turns_training_accuracy_off(in_project_copy, tiny_shapes):
+    cli = fitted(tiny_shapes, "--trainer.fast_dev_run=2", "--model.mixup_alpha=0.2", "--model.cutmix_alpha=1.0",
+                 "--model.label_smoothing=0.1")  # fmt: skip
+    logged = set(cli.trainer.callback_metrics)
+    assert {"train/loss_step", "val/acc"} <= logged and not [name for name in logged if name.startswith("train/acc")]
+    assert "train/acc" not in cli.model.logged_metrics()
+
+
+EMA = json.dumps({"class_path": "{{ cookiecutter.package_name }}.ema.ModelEMA", "init_args": {"decay": 0.9}})
+STOP_AFTER_FIRST_EPOCH = json.dumps({"class_path": "helper_callbacks.StopAfterEpoch", "init_args": {"epoch": 0}})
+
+
+def test_resuming_with_ema_and_mixing_gives_the_uninterrupted_runs_weights(in_project_copy, tiny_shapes):
+    # Deterministic images (augment none): the random crops of a resumed run are its own.
+    options = ["--trainer.max_epochs=2", "--data.augment=none", "--model.mixup_alpha=0.4", "--model.cutmix_alpha=1.0",
+               f"--trainer.callbacks+={EMA}"]  # fmt: skip
+    whole = fitted(tiny_shapes, *options, *logged_to("whole"))
+    fitted(tiny_shapes, *options, *logged_to("parts"), f"--trainer.callbacks+={STOP_AFTER_FIRST_EPOCH}")
+    (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
+    assert torch.load(interrupted, weights_only=True)["epoch"] == 0
+    resumed = fitted(tiny_shapes, *options, *logged_to("parts"), ckpt_path=str(interrupted))
+    assert resumed.trainer.global_step == whole.trainer.global_step == 18  # 72 images in batches of 8, 2 epochs
+    one, other = last_checkpoint("whole"), last_checkpoint("parts")
+    for key in ("state_dict", "current_model_state", "averaging_state"):
+        assert one[key].keys() == other[key].keys()
+        assert all(torch.equal(one[key][name], other[key][name]) for name in one[key]), key
+    assert one["averaging_state"]["n_averaged"] == 18
+    weight = "backbone.fc.weight"
+    assert not torch.equal(one["state_dict"][weight], one["current_model_state"][weight]), "an average, not a copy"
+
+
+def test_validation_and_the_checkpoints_use_the_average(in_project_copy, tiny_shapes):
+    cli = fitted(tiny_shapes, "--trainer.max_epochs=1", f"--trainer.callbacks+={EMA}", *logged_to("runs"),
+                 "--trainer.limit_val_batches=1.0")  # fmt: skip
+    saved = last_checkpoint("runs")
+    # By hand: the checkpoint's weights (the average) on every validation image.
+    model = type(cli.model)(num_classes=6, class_names=cli.model.hparams.class_names).eval()
+    model.load_state_dict(saved["state_dict"])
+    data = cli.datamodule
+    with torch.no_grad():
+        predicted = [model(data.preprocessing.normalize(image[None])).argmax().item() for image, _ in data.val_set]
+    correct = [guess == label for guess, (_, label) in zip(predicted, data.val_set.samples, strict=True)]
+    assert cli.trainer.callback_metrics["val/acc"].item() == pytest.approx(sum(correct) / len(correct), abs=1e-6)
+    # After fit the module holds the average too, as the last validation and export see it.
+    assert all(torch.equal(value, saved["state_dict"][name]) for name, value in cli.model.state_dict().items())
+
+
+def test_ema_is_refused_where_the_weights_are_sharded():
+    trainer = SimpleNamespace(strategy=ModelParallelStrategy())
+    with pytest.raises(ConfigError, match="ModelEMA keeps a whole copy of the model on each process"):
+        ModelEMA().setup(trainer, None, "fit")
+
+
+def uneven_folder(root, counts: dict[str, int]):
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True)
+        for i in range(count):
+            Image.new("RGB", (16, 16), (i * 7 % 255, 40 * len(name), 90)).save(root / name / f"{i}.png")
+    return root
+
+
+def test_balanced_class_weights_are_the_inverse_class_frequencies(in_project_copy, tmp_path):
+    folder = uneven_folder(tmp_path / "uneven", {"common": 40, "middle": 12, "rare": 3})
+    with pytest.warns(UserWarning, match=r"Severe class imbalance: rare \(2\) against 32 training images for common"):
+        cli = fitted(folder, "--trainer.fast_dev_run=1", "--model.class_weights=balanced")
+    counts = cli.datamodule.train_class_counts()
+    assert counts == [32, 10, 2]  # 20% of each class held out for validation
+    total = sum(counts)
+    expected = [total / (3 * count) for count in counts]
+    assert cli.model.loss_weights.tolist() == pytest.approx(expected)
+
+
+def test_balanced_sampling_draws_each_class_alike_and_processes_share_the_draws(in_project_copy, tmp_path):
+    labels = [0] * 300 + [1] * 60 + [2] * 15
+    drawn = torch.tensor(list(ClassBalancedSampler(labels, seed=1)))
+    assert len(drawn) == len(labels)
+    shares = torch.bincount(torch.tensor(labels)[drawn], minlength=3) / len(drawn)
+    assert torch.allclose(shares, torch.full((3,), 1 / 3), atol=0.06)
+    # Two processes take alternate draws of one sequence: halves of an epoch, not two copies of one.
+    ranks = [list(ClassBalancedSampler(labels, num_replicas=2, rank=rank, seed=1)) for rank in (0, 1)]
+    assert [len(share) for share in ranks] == [188, 188] and ranks[0] != ranks[1]
+    shares = torch.bincount(torch.tensor(labels)[ranks[0] + ranks[1]], minlength=3) / 376
+    assert torch.allclose(shares, torch.full((3,), 1 / 3), atol=0.06)
+    sampler = ClassBalancedSampler(labels, seed=1)
+    sampler.set_epoch(1)
+    assert list(sampler) != drawn.tolist(), "each epoch draws anew"
+    folder = uneven_folder(tmp_path / "uneven", {"common": 40, "rare": 10})
+    cli = fitted(folder, "--trainer.fast_dev_run=2", "--data.balanced_sampling=true")
+    assert isinstance(cli.trainer.train_dataloader.sampler, ClassBalancedSampler)
+
+
+def test_stochastic_depth_sets_the_deepest_blocks_drop_probability():
+    model = build_backbone("convnext_tiny", 5, pretrained=False, stochastic_depth=0.3)
+    drops = [layer.p for layer in model.modules() if isinstance(layer, StochasticDepth)]
+    assert drops[-1] == pytest.approx(0.3) and drops[0] == 0 and drops == sorted(drops)
+    assert drops[9] == pytest.approx(0.3 * 9 / 17)  # torchvision's linear rule over the 18 blocks
+    with pytest.raises(ConfigError, match="resnet18 has no stochastic depth"):
+        build_backbone("resnet18", 5, pretrained=False, stochastic_depth=0.1)
+
+
+def test_stochastic_depth_trains(in_project_copy, tiny_shapes):
+    options = ["--trainer.fast_dev_run=1", "--model.backbone=efficientnet_b0", "--model.stochastic_depth=0.3"]
+    cli = fitted(tiny_shapes, *options)
+    assert max(layer.p for layer in cli.model.modules() if isinstance(layer, StochasticDepth)) == pytest.approx(0.3)
+
+
+def test_a_frozen_backbone_stays_put_while_the_head_learns(in_project_copy, tiny_shapes):
+    torch.manual_seed(0)
+    cli = build([*ON_CPU, *on_data(tiny_shapes), *SMALL, "--trainer.max_epochs=1", *logged_to("runs"),
+                 "--trainer.limit_train_batches=3", "--model.frozen_backbone_epochs=1"])  # fmt: skip
+    before = {name: value.clone() for name, value in cli.model.named_parameters()}
+    cli.trainer.fit(cli.model, cli.datamodule)
+    changed = {name for name, value in cli.model.named_parameters() if not torch.equal(value, before[name])}
+    assert changed == {"backbone.fc.weight", "backbone.fc.bias"}
+
+
+def test_the_backbone_learning_rate_is_a_share_of_the_heads(in_project_copy, tiny_shapes):
+    cli = fitted(tiny_shapes, "--trainer.fast_dev_run=2", "--model.backbone_lr_scale=0.1")
+    # The factors of the scheduler's groups (head decayed and not, then the backbone's) at step 1.
+    factors = [factor(1) for factor in cli.trainer.lr_scheduler_configs[0].scheduler.lr_lambdas]
+    assert factors[0] == factors[1] > 0 and factors[2:] == pytest.approx([0.1 * factors[0]] * 2)
+
+
+def test_a_data_module_alone_warns_of_no_imbalance_in_balanced_data(tiny_shapes, recwarn):
+    ImageDataModule(tiny_shapes, num_workers=0).setup("fit")
+    assert not [warning for warning in recwarn if "imbalance" in str(warning.message)]
