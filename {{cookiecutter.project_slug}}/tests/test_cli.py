@@ -1,5 +1,6 @@
 import ast
 import csv
+import inspect
 import json
 import re
 import subprocess
@@ -17,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.cli import TOOLS, main
+from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.shapes import CLASSES
 
@@ -108,9 +110,13 @@ def test_every_option_is_documented_in_help(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         run_cli(monkeypatch, "fit", "--help")
     help_text = capsys.readouterr().out
-    for option in ("--model.backbone", "--model.scale_lr", "--data.data_dir", "--data.num_workers"):
-        assert option in help_text
-    assert "Scale `lr` linearly" in help_text
+    # Every argument of the model and the data module, but those the CLI links from the other.
+    linked = {"model.num_classes", "model.class_names", "model.batch_size", "data.pretrained_backbone"}
+    for section, cls in (("model", ImageClassifier), ("data", ImageDataModule)):
+        for name in list(inspect.signature(cls.__init__).parameters)[1:]:
+            if f"{section}.{name}" not in linked:
+                assert f"--{section}.{name} " in help_text, f"--{section}.{name}"
+    assert "Scale `lr` linearly" in help_text and "Mixup: blend pairs of training images" in help_text
 
 
 def test_misspelt_monitored_metric_stops_before_training(monkeypatch, capsys, in_project_copy, tiny_shapes):

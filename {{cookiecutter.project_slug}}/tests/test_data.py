@@ -191,7 +191,9 @@ def test_hidden_files_and_symlink_loops_are_not_samples(tmp_path):
 def test_every_process_keeps_a_full_batch(tiny_shapes):
     data = ImageDataModule(tiny_shapes, batch_size=40, num_workers=0)
     data.setup("fit")
-    data.trainer = SimpleNamespace(world_size=2, num_devices=2, accelerator=None, global_rank=0)
+    shards = {"num_replicas": 2, "rank": 0}
+    data.trainer = SimpleNamespace(world_size=2, num_devices=2, accelerator=None, global_rank=0,
+                                   distributed_sampler_kwargs=shards)  # fmt: skip
     # 72 images over 2 processes is 36 each: dropping the last short batch would leave none.
     assert data.train_dataloader().drop_last is False
 

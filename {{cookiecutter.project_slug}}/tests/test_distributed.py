@@ -66,11 +66,12 @@ def uneven_shapes(tiny_shapes, tmp_path) -> Path:
 
 def test_ddp_splits_the_data_into_one_run(in_project_copy, uneven_shapes):
     ranks = in_project_copy / "ranks"
+    ema = "--trainer.callbacks+={{ cookiecutter.package_name }}.ema.ModelEMA"
     fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
-        "--trainer.max_epochs=1", *data(uneven_shapes, batch_size=11), record(ranks))  # fmt: skip
+        "--trainer.max_epochs=1", *data(uneven_shapes, batch_size=11), record(ranks), ema)  # fmt: skip
     rank0, rank1 = seen(ranks)
     assert (rank0["world_size"], rank0["global_rank"], rank1["global_rank"]) == (2, 0, 1)
-    # Lightning's DistributedSampler gives each process a disjoint half of the 72 training images.
+    # The DistributedSampler gives each process a disjoint half of the 72 training images.
     first, second = set(rank0["train_indices"]), set(rank1["train_indices"])
     assert len(first) == len(second) == 36 and not first & second and first | second == set(range(72))
     # Every process logs the same numbers: those over all the images.
@@ -81,6 +82,11 @@ def test_ddp_splits_the_data_into_one_run(in_project_copy, uneven_shapes):
     assert len(list(in_project_copy.rglob("config.yaml"))) == 1
     names, best, last = sorted(path.name for path in (runs[0] / "checkpoints").iterdir())
     assert (names, last) == ("class_names.json", "last.ckpt") and best.startswith("epoch000-acc")
+    # The EMA of the weights, updated at each of the 3 steps (36 images per process, batches of 11).
+    saved = torch.load(runs[0] / "checkpoints" / last, weights_only=True)
+    assert saved["global_step"] == 3 and saved["averaging_state"]["n_averaged"] == 3
+    head = "backbone.fc.weight"
+    assert not torch.equal(saved["state_dict"][head], saved["current_model_state"][head]), "an average, not a copy"
 
     # Evaluating a checkpoint on both processes logs its step and epoch once, with no warning.
     checkpoint = f"--ckpt_path={runs[0] / 'checkpoints' / last}"

@@ -70,9 +70,8 @@ def test_random_erasing_paints_a_rectangle_the_mean_colour():
 
 def test_pretrained_weights_bring_their_own_preprocessing_unless_an_option_is_given(monkeypatch, in_project_copy):
     # The weights cannot be downloaded here: the backbone is built without them, the link is real.
-    monkeypatch.setattr(
-        model_module, "build_backbone", lambda name, classes, _: torchvision.models.get_model(name, num_classes=classes)
-    )
+    without_weights = lambda name, classes, *_: torchvision.models.get_model(name, num_classes=classes)  # noqa: E731
+    monkeypatch.setattr(model_module, "build_backbone", without_weights)
     options = [*ON_CPU, "--model.backbone=efficientnet_b0", "--model.pretrained=true", "--data.image_size=224"]
     weights = build(options).datamodule.preprocessing
     # efficientnet_b0's weights: resize 256, crop 224, bicubic.
