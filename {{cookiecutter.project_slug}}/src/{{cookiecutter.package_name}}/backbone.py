@@ -1,4 +1,4 @@
-"""Any torchvision classification model by name, with its head sized for our classes."""
+"""Any torchvision classification model by name (or timm's, named timm/...), with its head sized for our classes."""
 
 import difflib
 import os
@@ -9,6 +9,7 @@ import torchvision
 from torch import nn
 from torchvision.ops import StochasticDepth
 
+from . import timm_backbones
 from .errors import ConfigError, MissingError
 
 
@@ -17,7 +18,10 @@ def classification_models() -> list[str]:
 
 
 def check_backbone_name(name: str) -> None:
-    """Fail at once on a name torchvision does not know, listing the closest ones it does."""
+    """Fail at once on a name torchvision (or timm) does not know, listing the closest ones it does."""
+    if timm_backbones.is_timm(name):
+        timm_backbones.check_name(name)
+        return
     known = classification_models()
     if name not in known:
         close = difflib.get_close_matches(name, known, n=5, cutoff=0.5) or known[:5]
@@ -64,6 +68,8 @@ def _refusal(model: nn.Module, size: int) -> str | None:
 
 
 def build_backbone(name: str, num_classes: int, pretrained: bool, stochastic_depth: float | None = None) -> nn.Module:
+    if timm_backbones.is_timm(name):
+        return timm_backbones.build(name, num_classes, pretrained, stochastic_depth)
     model = _build(name, num_classes, pretrained)
     if stochastic_depth is not None:
         set_stochastic_depth(model, name, stochastic_depth)

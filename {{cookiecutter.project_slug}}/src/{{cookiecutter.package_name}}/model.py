@@ -32,8 +32,11 @@ class ImageClassifier(L.LightningModule):
         num_classes: Number of classes; the CLI takes it from the data.
         class_names: Class names in label order; the CLI takes them from the data and they are
             saved with every checkpoint.
-        backbone: A torchvision classification model name, such as resnet18 or efficientnet_b0.
-        pretrained: Start from torchvision's ImageNet weights (downloaded once into TORCH_HOME); the
+        backbone: A torchvision classification model name, such as resnet18 or efficientnet_b0, or
+            a timm one as timm/<model>[.<pretrained tag>], such as timm/convnext_tiny.fb_in1k (the
+            timm extra: pip install -e ".[timm]").
+        pretrained: Start from the ImageNet weights (torchvision's, downloaded once into TORCH_HOME;
+            timm's, from the Hugging Face Hub into its cache); the
             images are then prepared as those weights expect (data.mean, std, crop_ratio, interpolation).
         lr: Peak learning rate for an effective batch of `base_batch_size` images.
         weight_decay: AdamW weight decay for weight matrices and kernels; biases and norms get none.
@@ -51,7 +54,8 @@ class ImageClassifier(L.LightningModule):
             class's training images), so each class counts alike whatever its size; "none" counts each image alike.
         stochastic_depth: Probability that training skips the deepest residual block (drop path;
             shallower blocks less, in proportion), for the backbones that have it (ConvNeXt,
-            EfficientNet, Swin, MaxViT). Unset: torchvision's value for the backbone (0.1 to 0.5).
+            EfficientNet, Swin, MaxViT; timm's drop_path_rate). Unset: the library's value for the
+            backbone (torchvision: 0.1 to 0.5; timm: 0).
         backbone_lr_scale: The learning rate of every layer but the classification head, as a share
             of `lr`: below 1 (0.1, say) changes pretrained features less than the new head.
         frozen_backbone_epochs: Train only the head for this many epochs first (the backbone's

@@ -1,4 +1,4 @@
-"""Which parts of a torchvision backbone FSDP shards as one unit: its repeated blocks.
+"""Which parts of a backbone (torchvision's or timm's) FSDP shards as one unit: its repeated blocks.
 
 A block is the unit of an all-gather: sharding per block keeps one block's full parameters in
 memory at a time, with far fewer collectives than sharding per layer. Both FSDP presets use this
@@ -37,6 +37,16 @@ BLOCK_CLASS_NAMES = frozenset(
         "InceptionC",
         "InceptionD",
         "InceptionE",
+        # timm's (BasicBlock, Bottleneck, InvertedResidual and SwinTransformerBlock are named as torchvision's)
+        "ConvNeXtBlock",  # ConvNeXt V1, V2
+        "Block",  # ViT, DeiT, BEiT
+        "EvaBlock",  # EVA
+        "DepthwiseSeparableConv",  # EfficientNet, MobileNet V3 (their first stage)
+        "EdgeResidual",  # EfficientNet V2
+        "ConvBnAct",  # EfficientNet's plain stages
+        "SwinTransformerV2Block",
+        "MbConvBlock",  # MaxViT, CoAtNet
+        "PartitionAttentionCl",
     }
 )
 
@@ -55,7 +65,7 @@ def share_buffers(module: nn.Module) -> None:
 
 def is_block(module: nn.Module) -> bool:
     kind = type(module)
-    return kind.__name__ in BLOCK_CLASS_NAMES and kind.__module__.startswith("torchvision.models")
+    return kind.__name__ in BLOCK_CLASS_NAMES and kind.__module__.startswith(("torchvision.models", "timm.models"))
 
 
 def backbone_blocks(model: nn.Module) -> list[nn.Module]:

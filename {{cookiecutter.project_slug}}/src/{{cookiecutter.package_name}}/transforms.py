@@ -9,6 +9,7 @@ import torchvision
 from torchvision.transforms import InterpolationMode, v2
 from torchvision.transforms.v2.functional import normalize, to_dtype
 
+from . import timm_backbones
 from .errors import ConfigError
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
@@ -82,8 +83,10 @@ class Preprocessing:
 
 
 def weights_preprocessing(backbone: str) -> dict:
-    """The crop ratio, interpolation, mean and std that a torchvision backbone's default pretrained
-    weights were trained and evaluated with (as their `weights.transforms()` states them)."""
+    """The crop ratio, interpolation, mean and std that a backbone's default pretrained weights were
+    trained and evaluated with (as torchvision's `weights.transforms()` or timm's config states them)."""
+    if timm_backbones.is_timm(backbone):
+        return timm_backbones.weights_preprocessing(backbone)
     transform = torchvision.models.get_model_weights(backbone).DEFAULT.transforms()
     return {
         "crop_ratio": transform.crop_size[0] / transform.resize_size[0],

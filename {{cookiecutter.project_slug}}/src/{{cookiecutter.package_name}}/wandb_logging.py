@@ -2,7 +2,6 @@
 
 import netrc
 import os
-import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -10,6 +9,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from .network import reachable
 
 
 def go_offline_unless_reachable() -> None:
@@ -23,7 +24,7 @@ def go_offline_unless_reachable() -> None:
     host = _server()
     if not has_api_key():
         reason = "no API key (set WANDB_API_KEY or run `wandb login`)"
-    elif not any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy")) and not _reachable(host):
+    elif not reachable(host):
         reason = f"{host} cannot be reached"
     else:
         return
@@ -43,14 +44,6 @@ def has_api_key() -> bool:
 
 def _server() -> str:
     return urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
-
-
-def _reachable(host: str, timeout: float = 3.0) -> bool:
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
 
 
 class BestModelWandbLogger(WandbLogger):

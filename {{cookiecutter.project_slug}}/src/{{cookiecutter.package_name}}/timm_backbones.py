@@ -1,0 +1,83 @@
+"""Backbones from timm's model zoo, named `timm/<model>` or `timm/<model>.<pretrained tag>` (the
+`timm` extra: pip install -e ".[timm]"). timm sizes the head, drops blocks and knows the
+preprocessing of its weights itself."""
+
+import difflib
+import sys
+
+from torch import nn
+
+from .errors import ConfigError, MissingError
+from .network import reachable
+
+PREFIX = "timm/"
+
+
+def is_timm(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def _timm():
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError('timm backbones need the timm package: pip install -e ".[timm]"') from None
+    return timm
+
+
+def check_name(name: str) -> None:
+    """Fail at once on a model (or pretrained tag) timm does not know, listing the closest it does."""
+    timm = _timm()
+    model = name.removeprefix(PREFIX)
+    known = timm.list_models(pretrained=True) if "." in model else timm.list_models()
+    if model not in known:
+        close = difflib.get_close_matches(model, known, n=5, cutoff=0.5) or known[:5]
+        raise ConfigError(
+            f"Unknown timm model {model!r}. Closest: {', '.join(PREFIX + match for match in close)}. "
+            f"List them with: python -c 'import timm; print(timm.list_models(pretrained=True))'"
+        )
+
+
+def build(name: str, num_classes: int, pretrained: bool, stochastic_depth: float | None) -> nn.Module:
+    timm = _timm()
+    check_name(name)
+    model = name.removeprefix(PREFIX)
+    options = {} if stochastic_depth is None else {"drop_path_rate": stochastic_depth}
+    if pretrained:
+        _offline_unless_reachable()
+    try:
+        return timm.create_model(model, pretrained=pretrained, num_classes=num_classes, **options)
+    except TypeError as error:
+        if "drop_path_rate" not in str(error):
+            raise
+        raise ConfigError(f"{name} has no stochastic depth: leave model.stochastic_depth unset.") from None
+    except OSError as error:  # the Hugging Face Hub out of reach, and the weights not in its cache
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        raise MissingError(
+            f"Could not download the pretrained {name} weights ({str(error).splitlines()[0]}). On a machine with "
+            f"internet run python -c \"import timm; timm.create_model('{model}', pretrained=True)\" and copy its "
+            f"Hugging Face cache into {HF_HUB_CACHE} (HF_HOME moves it), or train from scratch with "
+            "--model.pretrained=false."
+        ) from error
+
+
+def _offline_unless_reachable() -> None:
+    """Out of reach, the Hub is not asked: the cache answers at once, where the Hub client would
+    retry for about 45 s before looking there."""
+    import huggingface_hub.constants
+
+    if not huggingface_hub.constants.HF_HUB_OFFLINE and not reachable("huggingface.co"):
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+        print("huggingface.co cannot be reached: pretrained weights come from the local cache only.", file=sys.stderr)
+
+
+def weights_preprocessing(name: str) -> dict:
+    """The crop ratio, interpolation, mean and std of the weights' own evaluation (timm's config)."""
+    config = _timm().models.get_pretrained_cfg(name.removeprefix(PREFIX))
+    return {
+        "crop_ratio": config.crop_pct,
+        "interpolation": config.interpolation if config.interpolation in ("bilinear", "bicubic") else "bilinear",
+        "mean": tuple(config.mean),
+        "std": tuple(config.std),
+    }
