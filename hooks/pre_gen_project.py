@@ -1,6 +1,6 @@
 """Refuse answers that would render a broken project, before anything is written.
 
-Standard library only (and torchvision for a backbone our list lacks, when it is there): this runs
+Standard library only (and torchvision or timm for a backbone our list lacks, when they are there): this runs
 under the interpreter that runs cookiecutter, which usually has no torch. Each problem is one line
 that names it and the fix.
 """
@@ -48,6 +48,17 @@ TORCHVISION_CLASSIFIERS = {
 # cookiecutter.json's stand-in slug for a project_name that slugifies to nothing: an empty slug would
 # make the output folder itself the project and fail with "directory already exists".
 NO_SLUG = "-"
+
+
+def is_timm_model(name: str) -> bool:
+    """A timm/<model>[.<tag>] name: looked up in timm when it is here, else only its form is checked
+    (the project checks the name itself when it builds the model)."""
+    model = name.removeprefix("timm/")
+    try:
+        import timm
+    except Exception:
+        return re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)?", model) is not None
+    return model in (timm.list_models(pretrained=True) if "." in model else timm.list_models())
 
 
 def is_torchvision_classifier(name: str) -> bool:
@@ -116,10 +127,13 @@ def problems(answers: dict[str, str]) -> list[str]:
     if not re.fullmatch(r"3\.\d+", answers["python_version"]):
         found.append(f"python_version {answers['python_version']!r} is not a Python 3 version such as 3.11.")
     backbone = answers["backbone"]
-    if not is_torchvision_classifier(backbone):
+    if backbone.startswith("timm/"):
+        if not is_timm_model(backbone):
+            found.append(f"backbone {backbone!r} is not a timm model: see timm.list_models(pretrained=True).")
+    elif not is_torchvision_classifier(backbone):
         close = difflib.get_close_matches(backbone.lower(), sorted(TORCHVISION_CLASSIFIERS), n=3, cutoff=0.5)
         fix = f"did you mean {' or '.join(close)}?" if close else "use one such as resnet18 or efficientnet_b0."
-        found.append(f"backbone {backbone!r} is not a torchvision classification model: {fix}")
+        found.append(f"backbone {backbone!r} is not a torchvision classification model (nor timm/<model>): {fix}")
     size = answers["image_size"]
     if not size.isdigit() or not 16 <= int(size) <= 4096:
         found.append(f"image_size {size!r} is not a side in pixels between 16 and 4096 (e.g. image_size=224).")

@@ -24,8 +24,9 @@ REFUSED = [
     ({"package_name": "test"}, "shadows the dependency"),
     ({"package_name": "json"}, "shadows the standard library"),
     ({"project_name": "!!!"}, "project_name '!!!' has no letters or digits to make a folder name from"),
-    ({"backbone": "ResNet-18"}, "backbone 'ResNet-18' is not a torchvision classification model: did you mean"),
+    ({"backbone": "ResNet-18"}, "backbone 'ResNet-18' is not a torchvision classification model (nor timm/<model>)"),
     ({"backbone": "not_a_model"}, "backbone 'not_a_model' is not a torchvision classification model"),
+    ({"backbone": "timm/not_a_model.x"}, "backbone 'timm/not_a_model.x' is not a timm model"),
     ({"image_size": "big"}, "image_size 'big'"),
     ({"image_size": "8"}, "image_size '8'"),
     ({"devices": "0"}, "devices '0'"),
@@ -68,6 +69,13 @@ def test_every_refused_combination_is_outside_the_test_matrix():
 def test_value_outside_a_choice_list_is_refused(tmp_path):
     result = run_cookiecutter(tmp_path, logger="mlflow")
     assert result.returncode != 0 and list(tmp_path.iterdir()) == []
+
+
+def test_a_timm_backbone_is_looked_up_in_timm(tmp_path):
+    result = run_cookiecutter(tmp_path, backbone="timm/test_convnext.r160_in1k")
+    assert result.returncode == 0, result.stderr
+    model = (tmp_path / "image-classifier/src/image_classifier/model.py").read_text()
+    assert 'backbone: str = "timm/test_convnext.r160_in1k"' in model
 
 
 def test_good_answers_render(tmp_path):
