@@ -34,3 +34,10 @@ def test_startup_benchmark_times_the_three_commands():
     printed = run_benchmark("startup", "--repeats=1")
     for name in ("import lightning", "fit --help", "fast_dev_run"):
         assert re.search(rf"^{name}\s+\d+\.\d\d", printed, re.MULTILINE), printed
+
+
+@pytest.mark.slow
+def test_recipes_benchmark_trains_each_recipe():
+    printed = run_benchmark("recipes", "--datasets", "shapes", "--epochs=1", "--recipes", "basic", "+ema")
+    for recipe in ("basic", "+ema"):  # +ema: every recipe's options together
+        assert re.search(rf"^shapes\s+{re.escape(recipe)}\s+0\s+[01]\.\d{{4}}\s+\d+$", printed, re.MULTILINE), printed

@@ -43,7 +43,7 @@ def test_the_export_matches_pytorch_on_real_images(monkeypatch, capsys, trained,
         assert list(exported.parent.glob("*.data")) == [], "a small model's ONNX export is one file"
         metadata = session.get_modelmeta().custom_metadata_map
         assert json.loads(metadata["class_names"]) == list(CLASSES)
-        assert metadata["image_size"] == "{{ cookiecutter.image_size }}" and "center-crop" in metadata["preprocessing"]
+        assert metadata["image_size"] == "{{ cookiecutter.image_size }}" and "centre-crop" in metadata["preprocessing"]
     else:
         probabilities = torch.export.load(exported).module()(images)
     assert probabilities.shape == (3, 6) and torch.allclose(probabilities, expected, atol=1e-4)

@@ -2,12 +2,13 @@
 imbalance, stochastic depth and fine-tuning's backbone learning rate."""
 
 import json
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ON_CPU, on_data
+from conftest import ON_CPU, on_data, refusal
 from lightning.pytorch.strategies import ModelParallelStrategy
 from PIL import Image
 from torchvision.ops import StochasticDepth
@@ -18,6 +19,7 @@ from {{ cookiecutter.package_name }}.cli import build
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.ema import ModelEMA
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.model import backbone_factor, warmup_cosine
 from {{ cookiecutter.package_name }}.sampling import ClassBalancedSampler
 
 SMALL = ["--data.image_size=32", "--trainer.limit_val_batches=2", "--trainer.deterministic=true"]
@@ -123,7 +125,7 @@ def test_validation_and_the_checkpoints_use_the_average(in_project_copy, tiny_sh
 
 def test_ema_is_refused_where_the_weights_are_sharded():
     trainer = SimpleNamespace(strategy=ModelParallelStrategy())
-    with pytest.raises(ConfigError, match="ModelEMA keeps a whole copy of the model on each process"):
+    with pytest.raises(ConfigError, match="ModelEMA averages a whole copy of the model on each process"):
         ModelEMA().setup(trainer, None, "fit")
 
 
@@ -137,8 +139,10 @@ def uneven_folder(root, counts: dict[str, int]):
 
 def test_balanced_class_weights_are_the_inverse_class_frequencies(in_project_copy, tmp_path):
     folder = uneven_folder(tmp_path / "uneven", {"common": 40, "middle": 12, "rare": 3})
+    # With the EMA, which copies the model before the weights are known.
     with pytest.warns(UserWarning, match=r"Severe class imbalance: rare \(2\) against 32 training images for common"):
-        cli = fitted(folder, "--trainer.fast_dev_run=1", "--model.class_weights=balanced")
+        options = ["--trainer.fast_dev_run=2", "--model.class_weights=balanced", f"--trainer.callbacks+={EMA}"]
+        cli = fitted(folder, *options)
     counts = cli.datamodule.train_class_counts()
     assert counts == [32, 10, 2]  # 20% of each class held out for validation
     total = sum(counts)
@@ -182,12 +186,40 @@ def test_stochastic_depth_trains(in_project_copy, tiny_shapes):
 
 def test_a_frozen_backbone_stays_put_while_the_head_learns(in_project_copy, tiny_shapes):
     torch.manual_seed(0)
-    cli = build([*ON_CPU, *on_data(tiny_shapes), *SMALL, "--trainer.max_epochs=1", *logged_to("runs"),
-                 "--trainer.limit_train_batches=3", "--model.frozen_backbone_epochs=1"])  # fmt: skip
+    cli = build([*ON_CPU, *on_data(tiny_shapes), *SMALL, "--trainer.max_epochs=2", *logged_to("runs"),
+                 "--trainer.limit_train_batches=3", "--model.frozen_backbone_epochs=1",
+                 f"--trainer.callbacks+={STOP_AFTER_FIRST_EPOCH}"])  # fmt: skip
     before = {name: value.clone() for name, value in cli.model.named_parameters()}
     cli.trainer.fit(cli.model, cli.datamodule)
     changed = {name for name, value in cli.model.named_parameters() if not torch.equal(value, before[name])}
     assert changed == {"backbone.fc.weight", "backbone.fc.bias"}
+
+
+def test_the_backbone_warms_up_again_after_a_freeze():
+    schedule = partial(warmup_cosine, warmup_steps=10, total_steps=100)
+    factors = [backbone_factor(step, schedule, scale=0.5, frozen_steps=20, warmup_steps=10) for step in range(32)]
+    assert factors[:20] == [0.0] * 20
+    assert factors[20:30] == pytest.approx([0.5 * (i + 1) / 10 * schedule(20 + i) for i in range(10)])
+    assert factors[31] == pytest.approx(0.5 * schedule(31))
+
+
+def test_a_backbone_frozen_for_the_whole_run_is_refused(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    message = refusal(monkeypatch, capsys, "fit", *ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=2",
+                      "--model.frozen_backbone_epochs=2")  # fmt: skip
+    assert message == (
+        "error: model.frozen_backbone_epochs (2) must be below trainer.max_epochs (2): the backbone would never train."
+    )
+
+
+def test_a_checkpoint_of_another_optimizer_layout_is_refused_in_one_line(monkeypatch, capsys, trained, tiny_shapes):
+    (last,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    saved = torch.load(last, weights_only=True)
+    saved["optimizer_states"][0]["param_groups"] = saved["optimizer_states"][0]["param_groups"][:2]  # as before
+    torch.save(saved, last)
+    capsys.readouterr()  # the training's output
+    message = refusal(monkeypatch, capsys, "fit", *ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=2",
+                      f"--ckpt_path={last}")  # fmt: skip
+    assert "The checkpoint's optimizer has 2 parameter groups and this model's 4" in message
 
 
 def test_the_backbone_learning_rate_is_a_share_of_the_heads(in_project_copy, tiny_shapes):

@@ -5,13 +5,12 @@ import sys
 
 import huggingface_hub.constants
 import pytest
-import timm
 import torch
 from conftest import ON_CPU, on_data, refusal
 from timm.layers import DropPath
 
 from {{ cookiecutter.package_name }} import timm_backbones
-from {{ cookiecutter.package_name }}.backbone import build_backbone, head_name
+from {{ cookiecutter.package_name }}.backbone import build_backbone, head_names
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
@@ -86,6 +85,11 @@ def test_stochastic_depth_is_timms_drop_path_rate():
         build_backbone("timm/vgg11", 6, pretrained=False, stochastic_depth=0.1)
 
 
-def test_the_head_is_timms_classifier():
-    backbone = build_backbone(SMALL, 6, pretrained=False)
-    assert head_name(backbone, 6) == timm.models.get_pretrained_cfg(SMALL.removeprefix("timm/")).classifier
+def test_the_head_is_timms_classifier_both_of_them_where_there_are_two():
+    assert head_names(build_backbone(SMALL, 6, pretrained=False), 6) == ["head.fc"]
+    # A distilled DeiT has a second head, which must learn (and be frozen) as the first does.
+    model = ImageClassifier(num_classes=6, backbone="timm/deit_tiny_distilled_patch16_224.fb_in1k")
+    assert head_names(model.backbone, 6) == ["head", "head_dist"]
+    head, head_no_decay = model.parameter_groups()[:2]
+    assert (head["name"], head_no_decay["name"]) == ("head", "head_no_decay")
+    assert {p.shape for p in head["params"]} == {(6, 192)} and len(head["params"]) == 2

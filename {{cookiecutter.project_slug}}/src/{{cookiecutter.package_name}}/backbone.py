@@ -125,9 +125,16 @@ def set_stochastic_depth(model: nn.Module, name: str, probability: float) -> Non
         layer.p = probability * share
 
 
-def head_name(model: nn.Module, num_classes: int) -> str:
-    """The name of the classification head: the last layer that outputs `num_classes` values."""
-    return _last_layer_with_outputs(model, num_classes)[0]
+def head_names(model: nn.Module, num_classes: int) -> list[str]:
+    """The names of the classification head(s): those timm's config names (some models have two),
+    else the last layer that outputs `num_classes` values."""
+    named = getattr(model, "pretrained_cfg", {}).get("classifier")
+    if named:
+        return [named] if isinstance(named, str) else list(named)
+    try:
+        return [_last_layer_with_outputs(model, num_classes)[0]]
+    except ValueError as error:
+        raise ConfigError(f"{error}: the backbone's head cannot be told from the rest.") from None
 
 
 def _last_layer_with_outputs(model: nn.Module, outputs: int) -> tuple[str, nn.Module]:

@@ -43,7 +43,9 @@ class BatchMixing:
         # torchvision draws from the global CPU generator: fork it, so the data order and the
         # augmentation of the rest of the run do not depend on whether a batch was mixed.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(np.random.SeedSequence([seed, rank, batch_index]).generate_state(1)[0]))
+            # The CPU generator only: torch.manual_seed would reset the GPU's too, which dropout draws from.
+            draw_seed = np.random.SeedSequence([seed, rank, batch_index]).generate_state(1)[0]
+            torch.default_generator.manual_seed(int(draw_seed))
             if self.mix is None or torch.rand(()) >= self.prob:
                 return images, F.one_hot(labels, self.num_classes).to(images.dtype)
             return self.mix(images, labels)

@@ -22,7 +22,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from . import shapes
 from .errors import ConfigError, DataError, MissingError
-from .sampling import ClassBalancedSampler, imbalance_warning
+from .sampling import ClassBalancedSampler, imbalance_warning, run_seed
 from .sharding import shards_weights
 from .transforms import Augment, Interpolation, Preprocessing, resolve_preprocessing, train_transform
 
@@ -156,12 +156,11 @@ class ImageDataModule(L.LightningDataModule):
             train_samples = [samples[i] for i in train_idx]
             val_samples = [samples[i] for i in val_idx]
         skip = self.hparams.bad_images == "skip"
-        self.train_set = ImageFiles(train_samples, skip_unreadable=skip)
-        self.val_set = ImageFiles(val_samples, skip_unreadable=skip)
+        self.train_set = ImageFiles(train_samples, self._train_transform(), skip)
+        self.val_set = ImageFiles(val_samples, self.preprocessing.eval_transform(), skip)
         test_dir = self.data_dir / "test"
         if test_dir.is_dir():
-            self.test_set = ImageFiles(find_images(test_dir, classes), skip_unreadable=skip)
-        self._set_transforms()
+            self.test_set = ImageFiles(find_images(test_dir, classes), self.preprocessing.eval_transform(), skip)
         if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), classes)):
             rank_zero_warn(warning)
 
@@ -172,13 +171,9 @@ class ImageDataModule(L.LightningDataModule):
     def _train_labels(self) -> list[int]:
         return [label for _, label in self.train_set.samples]
 
-    def _set_transforms(self) -> None:
-        """Give the splits their transforms: again when a checkpoint's preprocessing replaces the
-        configuration's (loading a checkpoint comes after setup)."""
-        if self.train_set is None:
-            return
+    def _train_transform(self) -> v2.Compose:
         options = self.hparams
-        self.train_set.transform = train_transform(
+        return train_transform(
             self.preprocessing,
             options.augment,
             options.hflip,
@@ -186,9 +181,6 @@ class ImageDataModule(L.LightningDataModule):
             options.min_crop_scale,
             options.random_erasing,
         )
-        for evaluated in (self.val_set, self.test_set):
-            if evaluated is not None:
-                evaluated.transform = self.preprocessing.eval_transform()
 
     def train_dataloader(self) -> DataLoader:
         # A last batch of one image breaks BatchNorm, and a short one skews its statistics; but each
@@ -201,7 +193,7 @@ class ImageDataModule(L.LightningDataModule):
             # worker from the seed, its rank and its worker id.)
             torch.manual_seed(torch.initial_seed() + self.trainer.global_rank)
         shards = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # what seed_everything set: the same on every process
+        seed = run_seed()
         if self.hparams.balanced_sampling:
             sampler = ClassBalancedSampler(self._train_labels(), **shards, seed=seed)
         else:
@@ -259,7 +251,12 @@ class ImageDataModule(L.LightningDataModule):
             )
             self.preprocessing = trained
             self.hparams.update(trained.as_dict())
-            self._set_transforms()
+            # Loading a checkpoint comes after setup: the splits have the configuration's transforms.
+            if self.train_set is not None:
+                self.train_set.transform = self._train_transform()
+            for evaluated in (self.val_set, self.test_set):
+                if evaluated is not None:
+                    evaluated.transform = trained.eval_transform()
 
     def _train_dir(self) -> Path:
         if not self.data_dir.is_dir():
@@ -339,9 +336,7 @@ class ImageFiles(Dataset):
     """(path, label) pairs read as RGB tensors and passed through `transform`; an unreadable file
     gives None (with a warning naming it) when `skip_unreadable`, else an error naming it."""
 
-    def __init__(
-        self, samples: list[tuple[str, int]], transform: v2.Transform | None = None, skip_unreadable: bool = True
-    ) -> None:
+    def __init__(self, samples: list[tuple[str, int]], transform: v2.Transform, skip_unreadable: bool = True) -> None:
         self.samples = samples
         self.transform = transform
         self.skip_unreadable = skip_unreadable
@@ -360,7 +355,7 @@ class ImageFiles(Dataset):
                 ) from error
             warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
             return None
-        return (self.transform(image) if self.transform else image), label
+        return self.transform(image), label
 
 
 def collate_readable(samples: list) -> list[torch.Tensor]:

@@ -10,9 +10,9 @@ from .sharding import shards_weights
 
 
 class WarmedUpEMA:
-    """The average's update: decay d_t = min(decay, (1 + t) / (10 + t)) after t updates (timm's
-    warm-up), so early on the average follows the weights closely; with a constant 0.9998, a run of
-    a few thousand steps would keep a good part of its random start."""
+    """The average's update: decay d_t = min(decay, (1 + t) / (10 + t)) after t updates (the warm-up
+    of TensorFlow's ExponentialMovingAverage), so early on the average follows the weights closely;
+    with a constant 0.9998, a run of a few thousand steps would keep a good part of its random start."""
 
     def __init__(self, decay: float) -> None:
         self.decay = decay
@@ -51,10 +51,11 @@ class ModelEMA(WeightAveraging):
         return step_idx is not None and step_idx % self.update_every_n_steps == 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if shards_weights(trainer.strategy):
+        if stage == "fit" and shards_weights(trainer.strategy):
             raise ConfigError(
-                f"ModelEMA keeps a whole copy of the model on each process, which {type(trainer.strategy).__name__} "
-                "shards: train with DDP (configs/trainer/ddp.yaml), or remove the ModelEMA callback."
+                f"ModelEMA averages a whole copy of the model on each process, which {type(trainer.strategy).__name__} "
+                "does not keep (FSDP shards the weights, DeepSpeed steps them in its engine): train with DDP "
+                "(configs/trainer/ddp.yaml), or remove the ModelEMA callback."
             )
         if stage == "fit":
             # Lightning's setup would call configure_model first, for models that build layers there

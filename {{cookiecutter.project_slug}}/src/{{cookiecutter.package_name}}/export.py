@@ -57,8 +57,7 @@ def onnx_metadata(model: ImageClassifier, preprocessing: Preprocessing) -> dict[
         "class_names": json.dumps(model.label_names()),
         "image_size": str(side),
         "input": f"uint8 RGB images, N x 3 x {side} x {side}; scaling and normalisation are inside the model",
-        "preprocessing": f"resize the shorter side to {preprocessing.resize_size} px ({preprocessing.interpolation}, "
-        f"antialiased), then center-crop {side} x {side}",
+        "preprocessing": preprocessing.describe(),
         "normalisation": json.dumps({"mean": list(preprocessing.mean), "std": list(preprocessing.std)}),
         "output": "class probabilities, in the order of class_names",
     }

@@ -3,7 +3,6 @@
 import difflib
 import json
 import math
-import os
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -12,16 +11,17 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from .backbone import build_backbone, check_image_size, head_name
+from .backbone import build_backbone, check_image_size, head_names
 from .batch_mixing import BatchMixing
 from .errors import ConfigError, DataError
 from .metrics import MeanPerImage, classification_metrics
 from .reports import write_report
+from .sampling import run_seed
 from .sharding import fully_shard_blocks, shards_weights, share_buffers
 
 
@@ -51,7 +51,8 @@ class ImageClassifier(L.LightningModule):
         mix_prob: Share of the training batches that are mixed.
         mix_switch_prob: With both Mixup and CutMix on, the share of mixed batches that get CutMix.
         class_weights: Weigh the training loss per class: "balanced" by images / (classes x the
-            class's training images), so each class counts alike whatever its size; "none" counts each image alike.
+            class's training images), so each class counts alike whatever its size (train/loss is
+            then the weighted loss); "none" counts each image alike.
         stochastic_depth: Probability that training skips the deepest residual block (drop path;
             shallower blocks less, in proportion), for the backbones that have it (ConvNeXt,
             EfficientNet, Swin, MaxViT; timm's drop_path_rate). Unset: the library's value for the
@@ -59,7 +60,8 @@ class ImageClassifier(L.LightningModule):
         backbone_lr_scale: The learning rate of every layer but the classification head, as a share
             of `lr`: below 1 (0.1, say) changes pretrained features less than the new head.
         frozen_backbone_epochs: Train only the head for this many epochs first (the backbone's
-            learning rate is 0 until then), so its random start does not disturb pretrained features.
+            learning rate is 0 until then, and warms up after), so its random start does not
+            disturb pretrained features.
         batch_size: Images per device and step; the CLI takes it from the data.
         base_batch_size: The effective batch size at which `lr` applies unscaled.
         scale_lr: Scale `lr` linearly by effective batch size / `base_batch_size`.
@@ -115,8 +117,11 @@ class ImageClassifier(L.LightningModule):
         self.save_hyperparameters()
         self.backbone = build_backbone(backbone, num_classes, pretrained, stochastic_depth)
         self.batch_mixing = BatchMixing(num_classes, mixup_alpha, cutmix_alpha, mix_prob, mix_switch_prob)
-        # Set from the training data's class counts when the fit starts (class_weights: balanced).
-        self.register_buffer("loss_weights", None, persistent=False)
+        # From the training data's class counts when the fit starts (class_weights: balanced). Not a
+        # buffer: ModelEMA copies the model before that, and pairs the copy's buffers with the model's.
+        self.loss_weights: torch.Tensor | None = None
+        # The parameter groups of a checkpoint's optimizer, to refuse one this model's cannot load.
+        self._saved_group_count: int | None = None
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = classification_metrics(num_classes, "train/")
         self.val_metrics = classification_metrics(num_classes, "val/")
@@ -137,13 +142,13 @@ class ImageClassifier(L.LightningModule):
         images, labels = batch
         targets = labels
         if self.batch_mixing.enabled:
-            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # what seed_everything set
             images, targets = self.batch_mixing(
-                images, labels, seed, self.global_rank, self.trainer.fit_loop.total_batch_idx
+                images, labels, run_seed(), self.global_rank, self.trainer.fit_loop.total_batch_idx
             )
         logits = self(images)
+        weight = None if self.loss_weights is None else self.loss_weights.to(logits.device)
         losses = F.cross_entropy(
-            logits, targets, weight=self.loss_weights, label_smoothing=self.hparams.label_smoothing, reduction="none"
+            logits, targets, weight=weight, label_smoothing=self.hparams.label_smoothing, reduction="none"
         )
         # train/loss_step is this process's batch (an all-reduce per step would stall every step for a
         # number only plotted); train/loss_epoch, like every metric object, is summed across processes.
@@ -238,20 +243,31 @@ class ImageClassifier(L.LightningModule):
         if self.trainer.world_size > 1 and shards_weights(self.trainer.strategy):
             share_buffers(self.backbone)
 
-    def configure_optimizers(self) -> dict:
-        head = head_name(self.backbone, self.hparams.num_classes)
-        groups, in_head = [], []
+    def parameter_groups(self) -> list[dict]:
+        """AdamW's groups, named for the learning-rate curves: the head's and the backbone's (whose
+        learning rate may be a share of the head's), each split into decayed and not."""
+        heads = tuple(f"{name}." for name in head_names(self.backbone, self.hparams.num_classes))
+        groups = []
         for part in ("head", "backbone"):
-            named = [
-                (name, p) for name, p in self.backbone.named_parameters()
-                if p.requires_grad and (name.startswith(f"{head}.") == (part == "head"))
-            ]  # fmt: skip
+            named = [(name, p) for name, p in self.backbone.named_parameters() if p.requires_grad]
+            in_part = [p for name, p in named if name.startswith(heads) == (part == "head")]
             # Biases and norm scales (the 1-D parameters) only fight the normalisation when decayed.
             for decayed in (True, False):
-                params = [p for _, p in named if (p.ndim >= 2) == decayed]
+                params = [p for p in in_part if (p.ndim >= 2) == decayed]
                 if params:
-                    groups.append({"params": params, "weight_decay": self.hparams.weight_decay if decayed else 0.0})
-                    in_head.append(part == "head")
+                    name = part if decayed else f"{part}_no_decay"
+                    decay = self.hparams.weight_decay if decayed else 0.0
+                    groups.append({"name": name, "params": params, "weight_decay": decay})
+        return groups
+
+    def configure_optimizers(self) -> dict:
+        groups = self.parameter_groups()
+        if self._saved_group_count not in (None, len(groups)):
+            raise ConfigError(
+                f"The checkpoint's optimizer has {self._saved_group_count} parameter groups and this model's "
+                f"{len(groups)}: it was written by an earlier version of the project. Resume it with that version, "
+                "or start a new run."
+            )
         if self._offloads_optimizer():
             # DeepSpeed steps an offloaded optimizer on the CPU and accepts only its own fused CPU
             # Adam there; adamw_mode gives it AdamW's decoupled weight decay.
@@ -269,21 +285,34 @@ class ImageClassifier(L.LightningModule):
         schedule = partial(warmup_cosine, warmup_steps=warmup_steps, total_steps=int(total_steps))
         # Freezing is a learning rate of 0, not requires_grad=False: DDP and the sharding engines
         # expect a gradient for every parameter they were given.
-        frozen_steps = 0
-        if self.hparams.frozen_backbone_epochs:
-            batches = self.trainer.num_training_batches
-            if not math.isfinite(batches):
-                raise ConfigError("model.frozen_backbone_epochs needs epochs of known length: a sized dataset.")
-            steps_per_epoch = math.ceil(batches / self.trainer.accumulate_grad_batches)
-            frozen_steps = self.hparams.frozen_backbone_epochs * steps_per_epoch
         backbone = partial(
-            backbone_factor, schedule=schedule, scale=self.hparams.backbone_lr_scale, frozen_steps=frozen_steps
+            backbone_factor,
+            schedule=schedule,
+            scale=self.hparams.backbone_lr_scale,
+            frozen_steps=self._frozen_steps(),
+            warmup_steps=warmup_steps,
         )
-        factors = [schedule if head else backbone for head in in_head]
+        factors = [schedule if group["name"].startswith("head") else backbone for group in groups]
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": LambdaLR(optimizer, factors), "interval": "step"},
         }
+
+    def _frozen_steps(self) -> int:
+        """The optimizer steps of frozen_backbone_epochs."""
+        epochs = self.hparams.frozen_backbone_epochs
+        if not epochs:
+            return 0
+        max_epochs = self.trainer.max_epochs
+        if max_epochs not in (None, -1) and epochs >= max_epochs:
+            raise ConfigError(
+                f"model.frozen_backbone_epochs ({epochs}) must be below trainer.max_epochs ({max_epochs}): "
+                "the backbone would never train."
+            )
+        batches = self.trainer.num_training_batches
+        if not math.isfinite(batches):
+            raise ConfigError("model.frozen_backbone_epochs needs epochs of known length: a sized dataset.")
+        return epochs * math.ceil(batches / self.trainer.accumulate_grad_batches)
 
     def _offloads_optimizer(self) -> bool:
         zero = getattr(self.trainer.strategy, "config", None) or {}
@@ -322,7 +351,15 @@ class ImageClassifier(L.LightningModule):
     def setup(self, stage: str) -> None:
         self.check_run(self.trainer.callbacks, self.trainer.datamodule)
         if stage == "fit" and self.hparams.class_weights == "balanced":
-            counts = torch.tensor(self.trainer.datamodule.train_class_counts(), dtype=torch.float32)
+            data = self.trainer.datamodule
+            if not hasattr(data, "train_class_counts"):
+                raise ConfigError("model.class_weights balanced counts the classes of an ImageDataModule's images.")
+            if data.hparams.balanced_sampling:
+                rank_zero_warn(
+                    "model.class_weights balanced and data.balanced_sampling each even out the classes: together they "
+                    "favour the rare ones. Use one."
+                )
+            counts = torch.tensor(data.train_class_counts(), dtype=torch.float32)
             self.loss_weights = counts.sum() / (len(counts) * counts.clamp(min=1))
         if stage == "fit" and self.batch_mixing.enabled:
             rank_zero_info(
@@ -359,6 +396,8 @@ class ImageClassifier(L.LightningModule):
         checkpoint["hyper_parameters"]["pretrained"] = False
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if states := checkpoint.get("optimizer_states"):
+            self._saved_group_count = len(states[0]["param_groups"])
         self.trained_until = {"epoch": checkpoint.get("epoch", 0), "step": checkpoint.get("global_step", 0)}
         saved = checkpoint.get("hyper_parameters", {})
         if saved.get("class_names") and self.hparams.class_names and saved["class_names"] != self.hparams.class_names:
@@ -377,9 +416,13 @@ class ImageClassifier(L.LightningModule):
             (folder / "class_names.json").write_text(json.dumps(self.hparams.class_names, indent=2) + "\n")
 
 
-def backbone_factor(step: int, schedule, scale: float, frozen_steps: int) -> float:
-    """The backbone's learning-rate factor: 0 while it is frozen, then `scale` x the schedule."""
-    return 0.0 if step < frozen_steps else scale * schedule(step)
+def backbone_factor(step: int, schedule, scale: float, frozen_steps: int, warmup_steps: int) -> float:
+    """The backbone's learning-rate factor: 0 while it is frozen, then `scale` x the schedule,
+    warmed up again over `warmup_steps` after a freeze (its first steps would otherwise be at full rate)."""
+    if step < frozen_steps:
+        return 0.0
+    ramp = min(1.0, (step - frozen_steps + 1) / warmup_steps) if frozen_steps and warmup_steps else 1.0
+    return scale * ramp * schedule(step)
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:

@@ -1,10 +1,18 @@
 """Class imbalance: a sampler that draws every class alike, and the warning that points to it."""
 
+import os
+
 import torch
 from torch.utils.data import DistributedSampler
 
 # A class with this many times fewer training images than the commonest one is warned about.
 SEVERE_IMBALANCE = 10
+
+
+def run_seed() -> int:
+    """The seed seed_everything set (Lightning's DistributedSampler takes the same), the same on every
+    process; 0 when the run is not seeded, so the data order and the mixing repeat from run to run."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 class ClassBalancedSampler(DistributedSampler):

@@ -4,6 +4,7 @@ preprocessing of its weights itself."""
 
 import difflib
 import sys
+from urllib.parse import urlparse
 
 from torch import nn
 
@@ -67,14 +68,21 @@ def _offline_unless_reachable() -> None:
     retry for about 45 s before looking there."""
     import huggingface_hub.constants
 
-    if not huggingface_hub.constants.HF_HUB_OFFLINE and not reachable("huggingface.co"):
+    host = urlparse(huggingface_hub.constants.ENDPOINT).hostname or "huggingface.co"  # HF_ENDPOINT: a mirror
+    if not huggingface_hub.constants.HF_HUB_OFFLINE and not reachable(host):
         huggingface_hub.constants.HF_HUB_OFFLINE = True
-        print("huggingface.co cannot be reached: pretrained weights come from the local cache only.", file=sys.stderr)
+        print(f"{host} cannot be reached: pretrained weights come from the local cache only.", file=sys.stderr)
 
 
 def weights_preprocessing(name: str) -> dict:
-    """The crop ratio, interpolation, mean and std of the weights' own evaluation (timm's config)."""
+    """The crop ratio, interpolation, mean and std of the weights' own evaluation (timm's config;
+    its squash and border crop modes are taken as centre crops)."""
     config = _timm().models.get_pretrained_cfg(name.removeprefix(PREFIX))
+    if config.crop_pct > 1:
+        raise ConfigError(
+            f"{name}'s weights evaluate with crop_pct {config.crop_pct}, a crop larger than the resized image, "
+            "which this project does not do: set data.crop_ratio (1.0 keeps the whole image)."
+        )
     return {
         "crop_ratio": config.crop_pct,
         "interpolation": config.interpolation if config.interpolation in ("bilinear", "bicubic") else "bilinear",

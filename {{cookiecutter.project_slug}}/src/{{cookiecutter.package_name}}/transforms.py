@@ -32,6 +32,14 @@ class Preprocessing:
     std: tuple[float, float, float] = IMAGENET_STD
 
     def __post_init__(self) -> None:
+        # Tuples, however given (lists from YAML or a checkpoint): equal to the saved ones, hashable.
+        for name in ("mean", "std"):
+            value = tuple(float(channel) for channel in getattr(self, name))
+            if len(value) != 3:
+                raise ConfigError(f"data.{name} needs one value per RGB channel (3), got {list(value)}")
+            object.__setattr__(self, name, value)
+        if self.interpolation not in ("bilinear", "bicubic", "nearest"):
+            raise ConfigError(f"data.interpolation must be bilinear, bicubic or nearest, got {self.interpolation!r}")
         if self.image_size < 1:
             raise ConfigError(f"data.image_size must be 1 or more, got {self.image_size}")
         if not 0 < self.crop_ratio <= 1:
@@ -78,8 +86,7 @@ class Preprocessing:
         """From `as_dict`; keys a checkpoint lacks (older ones saved only the image size) keep the
         defaults those checkpoints were trained with."""
         known = {field.name for field in fields(cls)}
-        values = {key: tuple(value) if isinstance(value, list) else value for key, value in saved.items()}
-        return cls(**{key: value for key, value in values.items() if key in known})
+        return cls(**{key: value for key, value in saved.items() if key in known})
 
 
 def weights_preprocessing(backbone: str) -> dict:
@@ -114,8 +121,12 @@ def train_transform(
     """The training augmentation, on uint8 images, in the order of torchvision's reference recipe:
     random crop, flips, an automatic policy, then RandomErasing."""
     if augment == "none":
+        if random_erasing > 0:
+            raise ConfigError("data.random_erasing needs an augmentation: set data.augment to basic or a policy.")
         return preprocessing.eval_transform()
     interpolation = preprocessing.interpolation_mode
+    # The policies rotate and shear tensors, which torchvision does bilinearly at best.
+    policy_interpolation = InterpolationMode.BILINEAR if interpolation == InterpolationMode.BICUBIC else interpolation
     steps = [v2.RandomResizedCrop(preprocessing.image_size, scale=(min_crop_scale, 1.0), interpolation=interpolation)]
     if hflip:
         steps.append(v2.RandomHorizontalFlip())
@@ -123,11 +134,11 @@ def train_transform(
         steps.append(v2.RandomVerticalFlip())
     steps.append(v2.ToDtype(torch.uint8, scale=True))  # the policies' colour operations take 8-bit images
     if augment == "trivialaugment":
-        steps.append(v2.TrivialAugmentWide(interpolation=interpolation))
+        steps.append(v2.TrivialAugmentWide(interpolation=policy_interpolation))
     elif augment == "randaugment":
-        steps.append(v2.RandAugment(interpolation=interpolation))
+        steps.append(v2.RandAugment(interpolation=policy_interpolation))
     elif augment == "autoaugment":
-        steps.append(v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=interpolation))
+        steps.append(v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=policy_interpolation))
     if random_erasing > 0:
         # Erased to the mean colour, which is what erasing to 0 after normalisation (torchvision's
         # reference) means: the patch carries no signal, only the absence of one.
