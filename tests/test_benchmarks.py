@@ -37,7 +37,7 @@ def test_startup_benchmark_times_the_three_commands():
 
 
 @pytest.mark.slow
-def test_recipes_benchmark_trains_each_recipe():
-    printed = run_benchmark("recipes", "--datasets", "shapes", "--epochs=1", "--recipes", "basic", "+ema")
-    for recipe in ("basic", "+ema"):  # +ema: every recipe's options together
-        assert re.search(rf"^shapes\s+{re.escape(recipe)}\s+0\s+[01]\.\d{{4}}\s+\d+$", printed, re.MULTILINE), printed
+def test_recipes_benchmark_trains_the_strongest_recipe():
+    # +ema: every recipe's options together, in one epoch.
+    printed = run_benchmark("recipes", "--datasets", "shapes", "--epochs=1", "--recipes", "+ema")
+    assert re.search(r"^shapes\s+\+ema\s+0\s+[01]\.\d{4}\s+\d+$", printed, re.MULTILINE), printed
