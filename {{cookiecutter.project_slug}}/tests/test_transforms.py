@@ -49,7 +49,7 @@ def test_preprocessing_takes_lists_as_tuples_and_refuses_what_it_cannot_do():
     assert Preprocessing(32, mean=[0.5, 0.5, 0.5]) == Preprocessing(32, mean=(0.5, 0.5, 0.5))
     with pytest.raises(ConfigError, match="one value per RGB channel"):
         Preprocessing(32, std=(0.5, 0.5))
-    with pytest.raises(ConfigError, match="bilinear, bicubic or nearest"):
+    with pytest.raises(ConfigError, match="data.interpolation must be one of bilinear, bicubic, nearest"):
         Preprocessing(32, interpolation="lanczos")
 
 

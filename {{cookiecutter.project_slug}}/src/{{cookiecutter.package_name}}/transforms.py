@@ -2,7 +2,7 @@
 its checkpoints, read back by evaluation, `classify` and `export`) and the training augmentation."""
 
 from dataclasses import asdict, dataclass, fields
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torchvision
@@ -38,8 +38,9 @@ class Preprocessing:
             if len(value) != 3:
                 raise ConfigError(f"data.{name} needs one value per RGB channel (3), got {list(value)}")
             object.__setattr__(self, name, value)
-        if self.interpolation not in ("bilinear", "bicubic", "nearest"):
-            raise ConfigError(f"data.interpolation must be bilinear, bicubic or nearest, got {self.interpolation!r}")
+        if self.interpolation not in get_args(Interpolation):
+            choices = ", ".join(get_args(Interpolation))
+            raise ConfigError(f"data.interpolation must be one of {choices}, got {self.interpolation!r}")
         if self.image_size < 1:
             raise ConfigError(f"data.image_size must be 1 or more, got {self.image_size}")
         if not 0 < self.crop_ratio <= 1:
