@@ -96,17 +96,21 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="decode-") as tmp:
         sys.path.insert(0, str(render_project(Path(tmp))))
-        from image_classifier import data, shapes
+        from image_classifier import data, shapes, transforms
 
         root = shapes.draw_shapes_dataset(Path(tmp) / "shapes", images_per_class={"train": args.images_per_class})
         pngs = data.find_images(root / "train", data.find_classes(root / "train"))
         datasets = {"PNG 64 px": (pngs, 64), "JPEG 256 px q90": (jpeg_copies(pngs, Path(tmp) / "jpeg", 256), 224)}
-        min_crop_scale = inspect.signature(data.ImageDataModule).parameters["min_crop_scale"].default
+        # The default recipe's training augmentation, as ImageDataModule's defaults give it.
+        defaults = inspect.signature(data.ImageDataModule).parameters
+        augmentation = {
+            name: defaults[name].default for name in ("augment", "hflip", "vflip", "min_crop_scale", "random_erasing")
+        }
         decoders = {"torchvision": data.read_rgb, "PIL": pil_rgb}
         print(f"{len(pngs)} images per epoch, batch {args.batch_size}, {args.epochs} timed epoch(s) per measurement")
 
         for name, (samples, image_size) in datasets.items():
-            transform = data.build_train_transform(image_size, min_crop_scale)
+            transform = transforms.train_transform(transforms.Preprocessing(image_size), **augmentation)
             for workers in args.workers:
                 measured = {decoder: [] for decoder in decoders}
                 for repeat in range(args.repeats):
