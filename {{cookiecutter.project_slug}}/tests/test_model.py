@@ -7,6 +7,7 @@ import pytest
 import torch
 import torchvision
 
+from {{ cookiecutter.package_name }}.backbone import head_names
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import MissingError
 from {{ cookiecutter.package_name }}.model import ImageClassifier, warmup_cosine
@@ -79,7 +80,9 @@ def test_norms_and_biases_get_no_weight_decay():
     model._trainer = fake_trainer()
     groups = model.configure_optimizers()["optimizer"].param_groups  # the head's, then the backbone's
     assert [group["weight_decay"] for group in groups] == [0.1, 0.0, 0.1, 0.0]
-    assert [p.shape for group in groups[:2] for p in group["params"]] == [(3, 512), (3,)]  # resnet18's fc
+    (head,) = head_names(model.backbone, 3)
+    head_params = list(model.backbone.get_submodule(head).parameters())
+    assert [p for group in groups[:2] for p in group["params"]] == head_params
     decay = [p for group in groups if group["weight_decay"] for p in group["params"]]
     no_decay = [p for group in groups if not group["weight_decay"] for p in group["params"]]
     assert all(p.ndim >= 2 for p in decay) and all(p.ndim == 1 for p in no_decay)

@@ -200,7 +200,7 @@ class ClassifierCLI(LightningCLI):
 
     def check_run(self) -> None:
         # As the model's setup does, but before the trainer starts its loggers (W&B's lines).
-        self.model.check_run(self.trainer.callbacks, self.datamodule)
+        self.model.check_run(self.trainer.callbacks, self.datamodule, self.trainer.max_epochs)
 
     before_fit = before_validate = before_test = before_predict = check_run
 

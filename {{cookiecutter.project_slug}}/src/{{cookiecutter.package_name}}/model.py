@@ -303,12 +303,6 @@ class ImageClassifier(L.LightningModule):
         epochs = self.hparams.frozen_backbone_epochs
         if not epochs:
             return 0
-        max_epochs = self.trainer.max_epochs
-        if max_epochs not in (None, -1) and epochs >= max_epochs:
-            raise ConfigError(
-                f"model.frozen_backbone_epochs ({epochs}) must be below trainer.max_epochs ({max_epochs}): "
-                "the backbone would never train."
-            )
         batches = self.trainer.num_training_batches
         if not math.isfinite(batches):
             raise ConfigError("model.frozen_backbone_epochs needs epochs of known length: a sized dataset.")
@@ -349,7 +343,7 @@ class ImageClassifier(L.LightningModule):
         return names
 
     def setup(self, stage: str) -> None:
-        self.check_run(self.trainer.callbacks, self.trainer.datamodule)
+        self.check_run(self.trainer.callbacks, self.trainer.datamodule, self.trainer.max_epochs)
         if stage == "fit" and self.hparams.class_weights == "balanced":
             data = self.trainer.datamodule
             if not hasattr(data, "train_class_counts"):
@@ -367,9 +361,15 @@ class ImageClassifier(L.LightningModule):
                 "(a blended image has no one label) and val/ metrics are on whole images."
             )
 
-    def check_run(self, callbacks: list, datamodule) -> None:
+    def check_run(self, callbacks: list, datamodule, max_epochs: int | None = None) -> None:
         """Refuse what would fail only later: a monitored metric that is never logged (after the first
         epoch), data with other classes, an image size the backbone cannot take (after loading data)."""
+        frozen = self.hparams.frozen_backbone_epochs
+        if frozen and max_epochs not in (None, -1) and frozen >= max_epochs:
+            raise ConfigError(
+                f"model.frozen_backbone_epochs ({frozen}) must be below trainer.max_epochs ({max_epochs}): "
+                "the backbone would never train."
+            )
         logged = self.logged_metrics()
         for callback in callbacks:
             monitor = getattr(callback, "monitor", None)
