@@ -41,3 +41,11 @@ def test_recipes_benchmark_trains_the_strongest_recipe():
     # +ema: every recipe's options together, in one epoch.
     printed = run_benchmark("recipes", "--datasets", "shapes", "--epochs=1", "--recipes", "+ema")
     assert re.search(r"^shapes\s+\+ema\s+0\s+[01]\.\d{4}\s+\d+$", printed, re.MULTILINE), printed
+
+
+@pytest.mark.slow
+def test_streaming_benchmark_times_both_formats_and_the_shard():
+    printed = run_benchmark("streaming", "--images=300", "--batches=2")
+    assert "shard (2 processes)" in printed
+    rows = [line.split() for line in printed.splitlines() if re.match(r"\s+[012]\s+\d", line)]
+    assert [row[0] for row in rows] == ["0", "1", "2"]

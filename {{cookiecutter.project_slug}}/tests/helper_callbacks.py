@@ -1,5 +1,6 @@
 """Callbacks the tests load into real training processes (tests/ is on their PYTHONPATH)."""
 
+import hashlib
 import json
 import os
 import signal
@@ -21,8 +22,13 @@ class PauseAt(L.Callback):
             return
         self.marker.touch()
         deadline = time.monotonic() + 60
-        while not trainer.received_sigterm and time.monotonic() < deadline:
+        while not stopping(trainer) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def stopping(trainer: L.Trainer) -> bool:
+    """Whether the run's CheckpointOnSigterm has noted a SIGTERM."""
+    return any(getattr(callback, "stop_requested", False) for callback in trainer.callbacks)
 
 
 class HoldOnRank(L.Callback):
@@ -140,3 +146,22 @@ class StopAfterEpoch(L.Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
         if trainer.current_epoch == self.epoch and not trainer.sanity_checking:
             trainer.should_stop = True
+
+
+class RecordTrainedImages(L.Callback):
+    """Append to `<folder>/trained<rank>.jsonl` the epoch and a fingerprint of each image a process
+    trains on: the SHA-1 of its pixels, un-normalised back to the bytes decoded from its file (for
+    runs whose training transform changes no pixel: augment none, no flips, the file's own size)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        preprocessing = trainer.datamodule.preprocessing
+        mean, std = (torch.tensor(values).view(1, 3, 1, 1) for values in (preprocessing.mean, preprocessing.std))
+        pixels = ((batch[0].float().cpu() * std + mean) * 255).round().to(torch.uint8)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"trained{trainer.global_rank}.jsonl", "a") as record:
+            for image in pixels:
+                fingerprint = hashlib.sha1(image.numpy().tobytes()).hexdigest()
+                record.write(json.dumps({"epoch": trainer.current_epoch, "image": fingerprint}) + "\n")

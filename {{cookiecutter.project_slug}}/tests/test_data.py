@@ -63,7 +63,7 @@ def test_train_val_test_folders_are_used_as_they_are(tiny_shapes):
 def test_train_and_val_transforms_stay_separate(tiny_shapes):
     data = ImageDataModule(tiny_shapes, image_size=24, num_workers=0)
     data.setup("fit")
-    assert data.train_set.transform is not data.val_set.transform
+    assert data.train_set.image_transform is not data.val_set.image_transform
     torch.manual_seed(0)
     val_a, val_b = data.val_set[0][0], data.val_set[0][0]
     assert val_a.shape == (3, 24, 24) and torch.equal(val_a, val_b)

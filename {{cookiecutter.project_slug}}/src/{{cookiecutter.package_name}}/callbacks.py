@@ -1,7 +1,9 @@
 """Callbacks that keep a long run's progress: a checkpoint on SIGTERM, a stop on a non-finite loss,
 and an end to processes whose launcher is gone."""
 
+import functools
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -20,10 +22,33 @@ from .errors import ConfigError, UserError
 class CheckpointOnSigterm(L.Callback):
     """Save last.ckpt when the process is asked to stop: a preemption, `scancel`, a pod eviction.
 
-    Lightning turns SIGTERM into an exception at the next batch boundary on every rank, so the
-    checkpoint holds a consistent mid-epoch state; `--ckpt_path auto` resumes from it. (Lightning's
-    OnExceptionCheckpoint needs a fixed folder and fires on every exception, a NaN stop included.)
+    The SIGTERM is noted, and at the next batch boundary the processes of a multi-process run agree
+    on whether any of them got one, so that all stop after the same batch and save one consistent
+    mid-epoch checkpoint together; `--ckpt_path auto` resumes from it. Lightning 2.6's own handler
+    runs a collective inside the signal handler, which meets another process's collective of the
+    step and hangs the run; this one replaces it. (Lightning's OnExceptionCheckpoint needs a fixed
+    folder and fires on every exception, a NaN stop included.)
     """
+
+    def __init__(self) -> None:
+        self.stop_requested = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After the Trainer has installed its handlers, which restores the previous ones at the end.
+        self.stop_requested = False
+        signal.signal(signal.SIGTERM, functools.partial(self._note, trainer))
+
+    def _note(self, trainer: L.Trainer, signum: int, frame) -> None:
+        if not self.stop_requested and trainer.strategy.launcher is not None:
+            trainer.strategy.launcher.kill(signum)  # the processes Lightning started get it too
+        self.stop_requested = True
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        requested = torch.tensor(int(self.stop_requested), device=trainer.strategy.root_device)
+        if trainer.world_size > 1:
+            torch.distributed.all_reduce(requested, op=torch.distributed.ReduceOp.MAX)
+        # Lightning raises SIGTERMException on this flag after the batch, in every process alike.
+        trainer._signal_connector.received_sigterm = bool(requested)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         checkpoint = trainer.checkpoint_callback

@@ -51,6 +51,7 @@ TOOLS = {
     "doctor": "doctor",
     "export": "export",
     "report": "curves",
+    "shard": "shard",
     "tune": "tune",
 }
 

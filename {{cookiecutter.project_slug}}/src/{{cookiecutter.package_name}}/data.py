@@ -1,5 +1,6 @@
 """ImageDataModule: ImageFolder-style data, split, transformed and loaded."""
 
+import io
 import multiprocessing
 import os
 import sys
@@ -28,14 +29,21 @@ from .transforms import Augment, Interpolation, Preprocessing, resolve_preproces
 
 
 class ImageDataModule(L.LightningDataModule):
-    """Images in class folders: `data_dir/<class>/*.jpg`, or `data_dir/{train,val,test}/<class>/*.jpg`.
+    """Images in class folders: `data_dir/<class>/*.jpg`, or `data_dir/{train,val,test}/<class>/*.jpg`;
+    or the same sharded into LitData's streaming chunks by the `shard` command (format "streaming").
 
     With one set of class folders (or `train/` without `val/`), a seeded split stratified by class
     holds out `val_fraction` of each class for validation.
 
     Args:
-        data_dir: The image folder.
-        synthetic: When `data_dir` does not exist, draw the built-in shapes dataset there.
+        data_dir: The image folder; with format "streaming", the folder or URL (s3://...) `shard` wrote.
+        format: "folder" reads image files; "streaming" reads the chunks of `shard`, which pays off for
+            hundreds of thousands of small files, on network file systems and in object storage, and
+            resumes a preempted run from the next unseen image rather than the start of its epoch.
+        cache_dir: Streaming from a URL: the local folder of downloaded chunks (node-local disk on a
+            cluster). Unset: LitData's cache folder.
+        max_cache_size: Streaming from a URL: the most disk the cache takes ("50GB").
+        synthetic: When `data_dir` does not exist, draw the built-in shapes dataset there (format folder).
         batch_size: Images per device and step (the effective batch is this x devices x nodes x
             gradient accumulation).
         num_workers: Data loading processes per device; "auto" picks from the CPUs per device.
@@ -78,6 +86,9 @@ class ImageDataModule(L.LightningDataModule):
     def __init__(
         self,
         data_dir: str | Path = "data/shapes",
+        format: Literal["folder", "streaming"] = "folder",
+        cache_dir: str | None = None,
+        max_cache_size: str = "50GB",
         synthetic: bool = False,
         batch_size: int = 64,
         num_workers: int | Literal["auto"] = "auto",
@@ -112,6 +123,8 @@ class ImageDataModule(L.LightningDataModule):
             raise ConfigError(f"data.min_crop_scale must be above 0 and at most 1, got {min_crop_scale}")
         if not 0 <= random_erasing <= 1:
             raise ConfigError(f"data.random_erasing must be a probability (0 to 1), got {random_erasing}")
+        if format == "streaming" and balanced_sampling:
+            raise ConfigError("data.balanced_sampling works with data.format folder; streaming reads each image once.")
         self.save_hyperparameters()
         self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
         self.preprocessing = resolve_preprocessing(
@@ -120,52 +133,79 @@ class ImageDataModule(L.LightningDataModule):
         self.data_dir = Path(data_dir)
         self.batch_size = batch_size
         self._class_names: list[str] | None = None
+        self._manifest: dict | None = None
+        self._stream_position: dict | None = None  # where a resumed streaming run's epoch goes on
         self.train_set = self.val_set = self.test_set = None
 
     @property
     def class_names(self) -> list[str]:
         if self._class_names is None:
-            if self.hparams.synthetic and not self.data_dir.exists():
+            if self.streaming:
+                self._class_names = self.manifest["classes"]
+            elif self.hparams.synthetic and not self.data_dir.exists():
                 self._class_names = list(shapes.CLASSES)
             else:
-                self._class_names = find_classes(self._train_dir())
+                self._class_names = find_classes(train_folder(self.data_dir))
         return self._class_names
+
+    @property
+    def streaming(self) -> bool:
+        return self.hparams.format == "streaming"
+
+    @property
+    def manifest(self) -> dict:
+        """The classes and splits of sharded data (streaming.py)."""
+        if self._manifest is None:
+            from .streaming import read_manifest  # LitData is an extra: imported only to stream
+
+            self._manifest = read_manifest(self.hparams.data_dir)
+        return self._manifest
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
     def prepare_data(self) -> None:
-        if self.hparams.synthetic:
+        if self.hparams.synthetic and not self.streaming:
             shapes.draw_shapes_dataset(self.data_dir)
 
     def setup(self, stage: str) -> None:
         classes = self.class_names
-        train_dir = self._train_dir()
-        val_dir = self.data_dir / "val"
-        # Each split gets its own dataset object and transform, so augmentation never leaks into
-        # validation (the bug of setting .transform on a dataset that two Subsets share).
-        if val_dir.is_dir():
-            train_samples = find_images(train_dir, classes)
-            val_samples = find_images(val_dir, classes)
+        if self.streaming:
+            self._setup_streaming()
         else:
-            samples = find_images(train_dir, classes)
-            train_idx, val_idx = stratified_split(
-                [label for _, label in samples], self.hparams.val_fraction, self.hparams.split_seed
-            )
-            train_samples = [samples[i] for i in train_idx]
-            val_samples = [samples[i] for i in val_idx]
-        skip = self.hparams.bad_images == "skip"
-        self.train_set = ImageFiles(train_samples, self._train_transform(), skip)
-        self.val_set = ImageFiles(val_samples, self.preprocessing.eval_transform(), skip)
-        test_dir = self.data_dir / "test"
-        if test_dir.is_dir():
-            self.test_set = ImageFiles(find_images(test_dir, classes), self.preprocessing.eval_transform(), skip)
+            self._setup_folders(classes)
         if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), classes)):
             rank_zero_warn(warning)
 
+    def _setup_folders(self, classes: list[str]) -> None:
+        splits = split_samples(self.data_dir, classes, self.hparams.val_fraction, self.hparams.split_seed)
+        # Each split gets its own dataset object and transform, so augmentation never leaks into
+        # validation (the bug of setting a transform on a dataset that two Subsets share).
+        skip = self.hparams.bad_images == "skip"
+        self.train_set = ImageFiles(splits["train"], self._train_transform(), skip)
+        self.val_set = ImageFiles(splits["val"], self.preprocessing.eval_transform(), skip)
+        if "test" in splits:
+            self.test_set = ImageFiles(splits["test"], self.preprocessing.eval_transform(), skip)
+
+    def _setup_streaming(self) -> None:
+        from .streaming import ShardedImages
+
+        options = self.hparams
+
+        def split(name: str, transform: v2.Transform, shuffle: bool) -> ShardedImages:
+            return ShardedImages(options.data_dir, name, transform, options.bad_images == "skip", shuffle,
+                                 run_seed(), options.cache_dir, options.max_cache_size)  # fmt: skip
+
+        self.train_set = split("train", self._train_transform(), shuffle=True)
+        self.val_set = split("val", self.preprocessing.eval_transform(), shuffle=False)
+        if "test" in self.manifest["splits"]:
+            self.test_set = split("test", self.preprocessing.eval_transform(), shuffle=False)
+
     def train_class_counts(self) -> list[int]:
         """The training images of each class, in label order."""
+        if self.streaming:
+            return self.manifest["splits"]["train"]["class_counts"]
         return torch.bincount(torch.tensor(self._train_labels()), minlength=self.num_classes).tolist()
 
     def _train_labels(self) -> list[int]:
@@ -186,12 +226,20 @@ class ImageDataModule(L.LightningDataModule):
         # A last batch of one image breaks BatchNorm, and a short one skews its statistics; but each
         # process sees only its share of the images, which must still fill a batch.
         world_size = self.trainer.world_size if self.trainer is not None else 1
-        per_process = len(self.train_set) // world_size
+        per_process = (sum(self.train_class_counts()) if self.streaming else len(self.train_set)) // world_size
         if world_size > 1 and self.worker_count() == 0:
             # Without workers, augmentations draw from this process's RNG, which seed_everything seeded
             # alike on every rank; offset it so ranks crop and flip differently. (Lightning seeds each
             # worker from the seed, its rank and its worker id.)
             torch.manual_seed(torch.initial_seed() + self.trainer.global_rank)
+        if self.streaming:  # LitData shuffles by the seed and epoch, and gives each process its share
+            loader = self._loader(self.train_set, drop_last=per_process > self.batch_size)
+            if self._stream_position is not None:
+                from .streaming import resume_position
+
+                resume_position(loader, self._stream_position)
+                self._stream_position = None
+            return loader
         shards = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
         seed = run_seed()
         if self.hparams.balanced_sampling:
@@ -204,19 +252,26 @@ class ImageDataModule(L.LightningDataModule):
         return self._loader(self.train_set, sampler=sampler, drop_last=per_process > self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, sampler=self._evaluation_sampler(self.val_set))
+        return self._evaluation_loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:
         if self.test_set is None:
-            raise MissingError(f"No test split: add {self.data_dir / 'test'} with one folder per class.")
-        return self._loader(self.test_set, sampler=self._evaluation_sampler(self.test_set))
+            where = "to the image folder and shard it again" if self.streaming else f"at {self.data_dir / 'test'}"
+            raise MissingError(f"No test split: add test/ with one folder per class {where}.")
+        return self._evaluation_loader(self.test_set)
+
+    def _evaluation_loader(self, dataset: Dataset) -> DataLoader:
+        if self.streaming:  # LitData splits the images between processes: see _evaluation_sampler for why
+            return self._loader(dataset, drop_last=self.trainer is not None and shards_weights(self.trainer.strategy))
+        return self._loader(dataset, sampler=self._evaluation_sampler(dataset))
 
     def _evaluation_sampler(self, dataset: Dataset) -> Sampler | None:
         """Under DDP, each image once across processes. Lightning's DistributedSampler pads the
         shards to equal length with repeated images, which then count twice in the metrics. Shards
         a batch apart are safe under DDP, whose evaluation forward needs no other process; sharded
         strategies (FSDP, DeepSpeed) gather weights in every forward, so every process must run the
-        same number of batches there, and Lightning's padding stays."""
+        same number of batches there, and Lightning's padding stays (streaming drops the few images
+        that would make one process's share longer than another's)."""
         shards = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
         if not shards or shards["num_replicas"] == 1 or shards_weights(self.trainer.strategy):
             return None
@@ -233,7 +288,21 @@ class ImageDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict:
         # Saved in every checkpoint, so the label order and the preprocessing travel with the weights.
-        return {"class_names": self.class_names, "preprocessing": self.preprocessing.as_dict()}
+        state = {"class_names": self.class_names, "preprocessing": self.preprocessing.as_dict()}
+        if self.streaming and (position := self._epoch_position()) is not None:
+            state["stream_position"] = position
+        return state
+
+    def _epoch_position(self) -> dict | None:
+        """The streaming loader's place in an epoch that a checkpoint interrupts (none at an epoch's
+        end: the next one starts afresh). Lightning saves it too, but loads it only when nothing has
+        asked for the training loader before the checkpoint is read, and the learning-rate schedule
+        has (estimated_stepping_batches)."""
+        trainer = self.trainer
+        if trainer is None or not trainer.training or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return None
+        loader = trainer.train_dataloader
+        return loader.state_dict() if hasattr(loader, "state_dict") else None
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved = state_dict.get("class_names")
@@ -243,6 +312,7 @@ class ImageDataModule(L.LightningDataModule):
             )
         # The weights were trained on images prepared one way: evaluating or resuming them on
         # images prepared another way would be measuring or training something else.
+        self._stream_position = state_dict.get("stream_position") if self.streaming else None
         trained = saved_preprocessing(state_dict, self.preprocessing.image_size)
         if trained != self.preprocessing:
             rank_zero_info(
@@ -253,32 +323,17 @@ class ImageDataModule(L.LightningDataModule):
             self.hparams.update(trained.as_dict())
             # Loading a checkpoint comes after setup: the splits have the configuration's transforms.
             if self.train_set is not None:
-                self.train_set.transform = self._train_transform()
+                self.train_set.image_transform = self._train_transform()
             for evaluated in (self.val_set, self.test_set):
                 if evaluated is not None:
-                    evaluated.transform = trained.eval_transform()
-
-    def _train_dir(self) -> Path:
-        if not self.data_dir.is_dir():
-            raise MissingError(
-                f"Data folder {self.data_dir} does not exist. Point --data.data_dir at a folder of class "
-                "folders (or of train/ and val/ folders of class folders), or set --data.synthetic=true "
-                "to draw the built-in shapes dataset there."
-            )
-        train_dir = self.data_dir / "train"
-        if train_dir.is_dir():
-            return train_dir
-        splits = [name for name in ("val", "test") if (self.data_dir / name).is_dir()]
-        if splits:
-            raise DataError(
-                f"{self.data_dir} has {' and '.join(s + '/' for s in splits)} but no train/: move the training "
-                "class folders into train/, or the split folders out, so no image is both trained and tested on."
-            )
-        return self.data_dir
+                    evaluated.image_transform = trained.eval_transform()
 
     def _loader(self, dataset: Dataset, drop_last: bool = False, sampler: Sampler | None = None) -> DataLoader:
         workers = self.worker_count()
-        return DataLoader(
+        if self.streaming:
+            from .streaming import StreamingLoader
+
+        return (StreamingLoader if self.streaming else DataLoader)(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
@@ -338,7 +393,7 @@ class ImageFiles(Dataset):
 
     def __init__(self, samples: list[tuple[str, int]], transform: v2.Transform, skip_unreadable: bool = True) -> None:
         self.samples = samples
-        self.transform = transform
+        self.image_transform = transform
         self.skip_unreadable = skip_unreadable
 
     def __len__(self) -> int:
@@ -346,16 +401,24 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
         path, label = self.samples[index]
-        try:
-            image = read_rgb(path)
-        except (RuntimeError, OSError, ValueError) as error:  # what the decoders raise for a bad file
-            if not self.skip_unreadable:
-                raise UnreadableImageError(
-                    f"Cannot read the image {path} ({error}): remove or replace it, or set data.bad_images to skip."
-                ) from error
-            warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
-            return None
-        return self.transform(image), label
+        return labelled_image(path, label, path, self.image_transform, self.skip_unreadable)
+
+
+def labelled_image(
+    source: str | bytes | memoryview, label: int, name: str, transform: v2.Transform, skip_unreadable: bool
+) -> tuple[torch.Tensor, int] | None:
+    """(transformed image, label) of an image file or its bytes; for an unreadable one, None with a
+    warning naming it when `skip_unreadable`, else an error naming it."""
+    try:
+        image = read_rgb(source)
+    except (RuntimeError, OSError, ValueError) as error:  # what the decoders raise for a bad file
+        if not skip_unreadable:
+            raise UnreadableImageError(
+                f"Cannot read the image {name} ({error}): remove or replace it, or set data.bad_images to skip."
+            ) from error
+        warnings.warn(f"Skipping the unreadable image {name} ({error})", stacklevel=1)
+        return None
+    return transform(image), label
 
 
 def collate_readable(samples: list) -> list[torch.Tensor]:
@@ -366,13 +429,15 @@ def collate_readable(samples: list) -> list[torch.Tensor]:
     return default_collate(readable)
 
 
-def read_rgb(path: str) -> torch.Tensor:
-    """Decode any image file to a 3×H×W tensor (uint8, or uint16 for 16-bit PNG), upright as its
-    EXIF orientation says; grey, alpha, palette and CMYK images become RGB."""
+def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
+    """Decode an image file, or its bytes, to a 3×H×W tensor (uint8, or uint16 for 16-bit PNG),
+    upright as its EXIF orientation says; grey, alpha, palette and CMYK images become RGB."""
+    in_memory = not isinstance(source, str)
+    encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
     try:
-        return decode_image(path, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+        return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
     except RuntimeError:  # formats torchvision.io cannot decode (BMP, TIFF, PPM): PIL reads them
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(source) if in_memory else source) as image:
             image = ImageOps.exif_transpose(image)
             if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
                 levels = np.asarray(image, dtype=np.float32) / 257
@@ -390,6 +455,41 @@ def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
     """The preprocessing a checkpoint's weights were trained with (for classify, export, serving)."""
     image_size = checkpoint.get("datamodule_hyper_parameters", {}).get("image_size", {{ cookiecutter.image_size }})
     return saved_preprocessing(checkpoint.get(ImageDataModule.__qualname__, {}), image_size)
+
+
+def train_folder(data_dir: Path) -> Path:
+    """The folder of the training class folders: data_dir/train, or data_dir itself."""
+    if not data_dir.is_dir():
+        raise MissingError(
+            f"Data folder {data_dir} does not exist. Point --data.data_dir at a folder of class "
+            "folders (or of train/ and val/ folders of class folders), or set --data.synthetic=true "
+            "to draw the built-in shapes dataset there."
+        )
+    train_dir = data_dir / "train"
+    if train_dir.is_dir():
+        return train_dir
+    splits = [name for name in ("val", "test") if (data_dir / name).is_dir()]
+    if splits:
+        raise DataError(
+            f"{data_dir} has {' and '.join(s + '/' for s in splits)} but no train/: move the training "
+            "class folders into train/, or the split folders out, so no image is both trained and tested on."
+        )
+    return data_dir
+
+
+def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split_seed: int) -> dict[str, list]:
+    """The (path, label) pairs of each split: train and val, and test when there is a test/ folder.
+    Without val/, a seeded split stratified by class holds out `val_fraction` of the training images."""
+    train_dir, val_dir, test_dir = train_folder(data_dir), data_dir / "val", data_dir / "test"
+    if val_dir.is_dir():
+        splits = {"train": find_images(train_dir, classes), "val": find_images(val_dir, classes)}
+    else:
+        samples = find_images(train_dir, classes)
+        train, val = stratified_split([label for _, label in samples], val_fraction, split_seed)
+        splits = {"train": [samples[i] for i in train], "val": [samples[i] for i in val]}
+    if test_dir.is_dir():
+        splits["test"] = find_images(test_dir, classes)
+    return splits
 
 
 class TooFewClassesError(DataError):

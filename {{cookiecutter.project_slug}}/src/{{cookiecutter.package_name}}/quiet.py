@@ -10,6 +10,8 @@ SILENCED_WARNINGS = [
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     # Mixed precision keeps float32 weights: the 32-bit size the summary falls back to is the true one.
     r"Precision (bf16|16)-mixed is not supported by the model summary",
+    # Streaming data: LitData gives each data worker its own share, so the length is right.
+    r"Your `IterableDataset` has `__len__` defined",
 ]
 
 
@@ -17,8 +19,15 @@ def silence_dependency_noise() -> None:
     for message in SILENCED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(drop_advertising)
+    logging.getLogger("litdata.streaming.dataset").addFilter(drop_uneven_shares_notice)
 
 
 def drop_advertising(record: logging.LogRecord) -> bool:
     # Lightning recommends its cloud logger at every start when none is in use.
     return not record.getMessage().startswith("💡 Tip")
+
+
+def drop_uneven_shares_notice(record: logging.LogRecord) -> bool:
+    # LitData's notice that evaluation shares differ between processes, which is how every image counts
+    # once; under FSDP and DeepSpeed, whose forward needs every process, they are evened out (data.py).
+    return "have disabled the `drop_last` option" not in record.getMessage()

@@ -1,0 +1,185 @@
+"""Images stored as LitData's streaming chunks (made by `shard`), in a folder or in object storage.
+
+A sharded dataset is one folder (or URL prefix) holding a LitData dataset per split (train/, val/,
+test/) and dataset.json, written last: the class names and the images of each split. Remote data
+is read through a local cache of chunks, which LitData fills ahead of training and trims to size.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from litdata import StreamingDataLoader, StreamingDataset
+from litdata.streaming.fs_provider import _get_fs_provider
+from litdata.streaming.resolver import Dir
+from torchvision.transforms import v2
+
+from .data import labelled_image
+from .errors import ConfigError, MissingError
+
+MANIFEST = "dataset.json"
+# Object stores LitData reads and writes, and the variables that configure each.
+STORES = {"s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials), and AWS_ENDPOINT_URL "
+          "for an S3-compatible store", "gs": "GOOGLE_APPLICATION_CREDENTIALS", "r2": "R2 credentials"}  # fmt: skip
+
+
+def is_remote(location: str) -> bool:
+    return "://" in location
+
+
+def join(location: str, *parts: str) -> str:
+    return "/".join([location.rstrip("/"), *parts]) if is_remote(location) else os.path.join(location, *parts)
+
+
+def check_storage(location: str, timeout: float = 5.0) -> None:
+    """Fail in one line, within seconds, where remote storage cannot be used: an unknown scheme, no
+    credentials, an endpoint that does not answer, credentials it refuses, a missing bucket."""
+    if not is_remote(location):
+        return
+    scheme = urlparse(location).scheme
+    if scheme not in STORES:
+        raise ConfigError(f"{location}: LitData reads {', '.join(s + '://' for s in STORES)} URLs or local folders.")
+    if scheme != "s3":
+        return  # checked by LitData's own client when it starts
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    session = boto3.Session()
+    if session.get_credentials() is None:
+        raise ConfigError(f"No credentials for {location}: set {STORES['s3']}.")
+    config = botocore.config.Config(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1})
+    client = session.client("s3", config=config)
+    bucket = urlparse(location).netloc
+    try:
+        client.head_bucket(Bucket=bucket)
+    except botocore.exceptions.EndpointConnectionError as error:
+        raise ConfigError(
+            f"Cannot reach the storage endpoint of {location} ({error}): check AWS_ENDPOINT_URL."
+        ) from None
+    except botocore.exceptions.ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in ("404", "NoSuchBucket"):
+            raise MissingError(f"There is no bucket {bucket} for {location}: create it or fix the URL.") from None
+        raise ConfigError(
+            f"The store refused access to {location} ({code or error}): check the credentials ({STORES['s3']})."
+        ) from None
+    except botocore.exceptions.BotoCoreError as error:
+        raise ConfigError(f"Cannot use {location}: {error}") from None
+
+
+def read_manifest(location: str) -> dict:
+    """The classes and splits of a sharded dataset; an error naming the fix when there is none."""
+    check_storage(location)
+    if is_remote(location):
+        with tempfile.TemporaryDirectory() as folder:
+            local = os.path.join(folder, MANIFEST)
+            provider = _get_fs_provider(location)
+            if not provider.exists(join(location, MANIFEST)):
+                raise MissingError(unfinished(location))
+            provider.download_file(join(location, MANIFEST), local)
+            return json.loads(Path(local).read_text())
+    path = Path(location) / MANIFEST
+    if not path.is_file():
+        raise MissingError(unfinished(location))
+    return json.loads(path.read_text())
+
+
+def unfinished(location: str) -> str:
+    if not is_remote(location) and not Path(location).is_dir():
+        return f"No sharded dataset at {location}: make one with `shard <image folder> {location}`."
+    return (
+        f"{location} has no {MANIFEST}, so it is not a finished sharded dataset (a shard run that was cut short, "
+        f"or an image folder): run `shard <image folder> {location}` again, or use --data.format folder."
+    )
+
+
+def write_manifest(location: str, manifest: dict) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        local = Path(folder) / MANIFEST
+        local.write_text(json.dumps(manifest, indent=1))
+        if is_remote(location):
+            _get_fs_provider(location).upload_file(str(local), join(location, MANIFEST))
+        else:
+            os.replace(local, Path(location) / MANIFEST)
+
+
+def delete_manifest(location: str) -> None:
+    if is_remote(location):
+        provider = _get_fs_provider(location)
+        if provider.exists(join(location, MANIFEST)):
+            provider.delete_file_or_directory(join(location, MANIFEST))
+    else:
+        Path(location).mkdir(parents=True, exist_ok=True)
+        (Path(location) / MANIFEST).unlink(missing_ok=True)
+
+
+class ShardedImages(StreamingDataset):
+    """One split of a sharded dataset: (image, label) pairs decoded from the stored bytes and passed
+    through `transform`, an unreadable image handled as in the folder format (data.bad_images).
+
+    Under DDP, LitData gives each process and worker its own chunks (no DistributedSampler), every
+    image once (the loader's drop_last evens the shares out, dropping the few left over). Its state
+    (how many samples were read) lets a resumed run go on from the next unseen sample.
+    """
+
+    def __init__(
+        self,
+        location: str,
+        split: str,
+        transform: v2.Transform,
+        skip_unreadable: bool,
+        shuffle: bool,
+        seed: int,
+        cache_dir: str | None = None,
+        max_cache_size: str = "50GB",
+    ) -> None:
+        source = join(location, split)
+        if is_remote(location):
+            # The cache of each split in its own folder: LitData keys it by the URL only when it picks it.
+            cache = os.path.join(cache_dir, split) if cache_dir else None
+            source = Dir(path=cache, url=source) if cache else source
+        super().__init__(source, shuffle=shuffle, seed=seed, drop_last=False, max_cache_size=max_cache_size)
+        # Not `transform`: StreamingDataset applies an attribute of that name to the stored sample.
+        self.location, self.image_transform, self.skip_unreadable = location, transform, skip_unreadable
+
+    def __getitem__(self, index) -> tuple[torch.Tensor, int] | None:
+        item = super().__getitem__(index)
+        name = join(self.location, item["path"])
+        return labelled_image(item["image"], item["label"], name, self.image_transform, self.skip_unreadable)
+
+
+class StreamingLoader(StreamingDataLoader):
+    """LitData's loader, whose restored position holds for the one epoch it interrupted. LitData
+    forgets it when that epoch's iterator runs out, but Lightning stops at the epoch's length before
+    the iterator learns that it has ended, and the next epoch would start at the end."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._resumed = False
+
+    def __iter__(self):
+        if self._resumed:
+            self.restore = False
+        self._resumed = self.restore
+        yield from super().__iter__()
+
+
+def resume_position(loader: StreamingLoader, position: dict) -> None:
+    """Continue an interrupted epoch at the next unseen image. LitData's position is a count of the
+    images read, which the same processes, workers and batch size turn into the same images."""
+    settings = ("world_size", "num_workers", "batch_size")
+    now = {key: loader.state_dict()["dataset"][key] for key in settings}
+    saved = {key: position["dataset"].get(key) for key in settings}
+    if saved != now:
+        changed = ", ".join(f"{key} {saved[key]} -> {now[key]}" for key in now if saved[key] != now[key])
+        rank_zero_warn(
+            f"The interrupted epoch cannot go on where it stopped with other settings ({changed}): it starts "
+            "again from its first image. Resume with the run's settings to continue exactly."
+        )
+        return
+    loader.load_state_dict(position)

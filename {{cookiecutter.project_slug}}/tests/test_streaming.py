@@ -1,0 +1,247 @@
+"""Sharded streaming data (LitData): `shard`, training from the chunks on one and two processes and
+from an S3-compatible store, and a preempted run that resumes at the next unseen image."""
+
+import csv
+import hashlib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import litdata
+import pytest
+import torch
+from conftest import ON_CPU, command_env, refusal, run_command, run_group
+from test_distributed import by_hand, free_port
+
+from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.data import ImageDataModule, read_rgb
+from {{ cookiecutter.package_name }}.errors import DataError, MissingError
+from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.streaming import MANIFEST
+
+TIMEOUT = 300
+CSV_LOGGER = ["--trainer.logger={{ cookiecutter.package_name }}.csv_logging.ResumableCSVLogger",
+              "--trainer.logger.save_dir=runs", "--trainer.logger.name=stream"]  # fmt: skip
+
+
+def streaming(location: str | Path, batch_size: int = 4, workers: int = 0) -> list[str]:
+    return ["--data.format=streaming", f"--data.data_dir={location}", f"--data.batch_size={batch_size}",
+            f"--data.num_workers={workers}"]  # fmt: skip
+
+
+def shard(monkeypatch, images: Path, output: str | Path) -> None:
+    run_command(monkeypatch, "shard", str(images), str(output), "--workers=1")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, tiny_shapes) -> Path:
+    """The tiny dataset sharded: 72 training, 24 validation and 24 test images in chunks."""
+    output = tmp_path_factory.mktemp("shards") / "shapes"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        shard(monkeypatch, tiny_shapes, output)
+    return output
+
+
+def stored(location: Path, split: str) -> list[dict]:
+    dataset = litdata.StreamingDataset(str(location / split))
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def fingerprint(source: str | bytes) -> str:
+    """What helper_callbacks.RecordTrainedImages writes for an image: the SHA-1 of its decoded pixels."""
+    return hashlib.sha1(read_rgb(source).numpy().tobytes()).hexdigest()
+
+
+def test_shard_stores_each_file_as_it_is_with_its_label_and_path(shards, tiny_shapes):
+    manifest = json.loads((shards / MANIFEST).read_text())
+    classes = sorted(folder.name for folder in (tiny_shapes / "train").iterdir())
+    assert manifest["classes"] == classes
+    for split in ("train", "val", "test"):
+        samples = stored(shards, split)
+        files = sorted((tiny_shapes / split).glob("*/*.png"))
+        assert manifest["splits"][split]["images"] == len(samples) == len(files)
+        assert sorted(sample["path"] for sample in samples) == [str(f.relative_to(tiny_shapes)) for f in files]
+        for sample in samples:
+            original = tiny_shapes / sample["path"]
+            assert bytes(sample["image"]) == original.read_bytes()  # not re-encoded
+            assert sample["label"] == classes.index(original.parent.name)
+
+
+def test_class_folders_are_split_as_the_folder_format_splits_them(monkeypatch, tiny_shapes, tmp_path):
+    output = tmp_path / "shards"
+    shard(monkeypatch, tiny_shapes / "train", output)  # class folders only: 12 images of each class
+    folders = ImageDataModule(tiny_shapes / "train", num_workers=0)
+    folders.setup("fit")
+    for split, dataset in (("train", folders.train_set), ("val", folders.val_set)):
+        paths = sorted(str(tiny_shapes / "train" / sample["path"]) for sample in stored(output, split))
+        assert paths == sorted(path for path, _ in dataset.samples)
+
+
+def test_fit_streams_and_every_validation_image_counts_once(monkeypatch, in_project_copy, shards, tiny_shapes):
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "{{ cookiecutter.package_name }}",
+            "fit",
+            *ON_CPU,
+            *CSV_LOGGER,
+            *streaming(shards, batch_size=5, workers=2),
+            "--data.image_size=32",
+            "--trainer.max_epochs=1",
+        ],
+    )
+    main()
+    logged = logged_metrics(in_project_copy)
+    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/stream/*/checkpoints/last.ckpt")))
+    assert_validation_by_hand(logged, model, tiny_shapes, 32)
+
+
+def logged_metrics(project: Path) -> dict[str, float]:
+    (metrics,) = (project / "runs" / "stream").glob("*/metrics.csv")
+    logged = {}
+    for row in csv.DictReader(metrics.open()):
+        logged |= {name: float(value) for name, value in row.items() if value and name.startswith("val/")}
+    return logged
+
+
+def assert_validation_by_hand(logged: dict[str, float], model: ImageClassifier, images: Path, size: int) -> None:
+    folders = ImageDataModule(images, num_workers=0, batch_size=1000, image_size=size)
+    folders.setup("validate")
+    batch, labels = folders.on_after_batch_transfer(next(iter(folders.val_dataloader())), 0)
+    with torch.no_grad():
+        expected = by_hand(model.eval()(batch).double(), labels, "val")
+    assert set(logged) == set(expected)
+    for name, value in expected.items():
+        assert logged[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+
+
+def test_two_processes_split_the_stream_and_count_every_validation_image_once(monkeypatch, in_project_copy,
+                                                                                tiny_shapes, tmp_path):  # fmt: skip
+    uneven = tmp_path / "uneven"  # 23 validation images: the processes' shares differ
+    for path in tiny_shapes.glob("*/*/*.png"):
+        (uneven / path.relative_to(tiny_shapes)).parent.mkdir(parents=True, exist_ok=True)
+        (uneven / path.relative_to(tiny_shapes)).write_bytes(path.read_bytes())
+    next((uneven / "val").glob("*/*.png")).unlink()
+    shard(monkeypatch, uneven, tmp_path / "shards")
+    trained = in_project_copy / "trained"
+    fit_command(in_project_copy, "--config=configs/trainer/ddp.yaml", "--trainer.devices=2", "--trainer.max_epochs=1",
+                *streaming(tmp_path / "shards", batch_size=4), *plain_images(), record(trained))  # fmt: skip
+    logged = logged_metrics(in_project_copy)
+    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/stream/*/checkpoints/last.ckpt")))
+    assert_validation_by_hand(logged, model, uneven, 32)
+    # Training: each process its own share, no image twice.
+    per_rank = [seen_images(trained / f"trained{rank}.jsonl") for rank in (0, 1)]
+    assert per_rank[0] and per_rank[1] and not set(per_rank[0]) & set(per_rank[1])
+
+
+def plain_images() -> list[str]:
+    """A training transform that changes no pixel, so a trained image can be matched to its file."""
+    return ["--data.augment=none", "--data.hflip=false", "--data.image_size=32"]
+
+
+def record(folder: Path) -> str:
+    callback = {"class_path": "helper_callbacks.RecordTrainedImages", "init_args": {"folder": str(folder)}}
+    return f"--trainer.callbacks+={json.dumps(callback)}"
+
+
+def seen_images(record_file: Path, epoch: int = 0) -> list[str]:
+    lines = [json.loads(line) for line in record_file.read_text().splitlines()]
+    return [line["image"] for line in lines if line["epoch"] == epoch]
+
+
+def fit_command(project: Path, *args: str, status: int = 0, env: dict | None = None):
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args, "--trainer.accelerator=cpu",
+               "--trainer.precision=32-true", *CSV_LOGGER]  # fmt: skip
+    result = run_group(command, TIMEOUT, cwd=project, env=env or command_env())
+    assert result.returncode == status, result.stderr[-4000:]
+    return result
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_preempted_run_resumes_at_the_next_unseen_image(monkeypatch, in_project_copy, shards, tiny_shapes, workers):
+    trained = in_project_copy / "trained"
+    two_processes = ["--config=configs/trainer/ddp.yaml", "--trainer.devices=2", "--trainer.max_epochs=2"]
+    options = [*two_processes, *streaming(shards, batch_size=4, workers=workers), *plain_images(), record(trained)]
+    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 4}})
+    fit_command(in_project_copy, *options, f"--trainer.callbacks+={sigterm}", status=128 + signal.SIGTERM)
+    (last,) = in_project_copy.glob("runs/stream/*/checkpoints/last.ckpt")
+    assert 4 <= torch.load(last, map_location="cpu", weights_only=True)["global_step"] < 9  # mid-epoch: 9 per epoch
+
+    fit_command(in_project_copy, *options, "--ckpt_path=auto")
+    files = {fingerprint(str(path)): path for path in (tiny_shapes / "train").glob("*/*.png")}
+    assert len(files) == 72, "two training images are alike: the fingerprints cannot tell them apart"
+    for epoch in (0, 1):
+        seen = [image for rank in (0, 1) for image in seen_images(trained / f"trained{rank}.jsonl", epoch)]
+        assert sorted(seen) == sorted(files), f"epoch {epoch}: not every training image exactly once"
+
+
+def test_a_folder_that_is_no_dataset_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "a.jpg").write_bytes(b"")
+    assert "class folder" in refusal(monkeypatch, capsys, "shard", str(tmp_path / "flat"), str(tmp_path / "out"))
+    assert "is not a folder" in refusal(monkeypatch, capsys, "shard", str(tmp_path / "none"), str(tmp_path / "out"))
+
+
+def test_unfinished_shards_and_another_class_set_are_refused(shards, tmp_path):
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "train").symlink_to(shards / "train")  # the chunks of a run cut short: no manifest yet
+    with pytest.raises(MissingError, match="not a finished sharded dataset"):
+        ImageDataModule(unfinished, format="streaming").class_names  # noqa: B018
+    data = ImageDataModule(shards, format="streaming")
+    with pytest.raises(DataError, match="classes"):
+        data.load_state_dict({"class_names": ["cat", "dog"]})
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch) -> str:
+    """A bucket on an S3-compatible server (moto) on 127.0.0.1, and the AWS_* variables that reach it."""
+    moto_server = pytest.importorskip("moto.server")
+    import boto3
+    from litdata.streaming import downloader
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    _, port = server.get_host_and_port()
+    for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+                        "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    # The local server speaks plain HTTP, which LitData's S3 client refuses unless told (stores use HTTPS).
+    monkeypatch.setitem(downloader._OBSTORE_CLIENT_OPTIONS, "allow_http", "true")
+    boto3.client("s3").create_bucket(Bucket="data")
+    yield "s3://data"
+    server.stop()
+
+
+def test_shard_into_s3_and_train_streaming_from_it(monkeypatch, in_project_copy, tiny_shapes, s3_bucket, tmp_path):
+    shard(monkeypatch, tiny_shapes, f"{s3_bucket}/shapes")
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *ON_CPU, *CSV_LOGGER,
+                                      *streaming(f"{s3_bucket}/shapes", batch_size=8), f"--data.cache_dir={cache}",
+                                      "--trainer.max_epochs=1"])  # fmt: skip
+    main()
+    assert list(in_project_copy.glob("runs/stream/*/checkpoints/last.ckpt"))
+    assert list((cache / "train").glob("chunk-*.bin")) and list((cache / "val").glob("chunk-*.bin"))
+
+
+def test_remote_data_without_credentials_is_refused_at_once(monkeypatch, capsys, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no probe of a cloud machine's metadata address
+    message = refusal(monkeypatch, capsys, "fit", *ON_CPU, *streaming("s3://data/shapes"))
+    assert "No credentials for s3://data/shapes" in message and "AWS_ACCESS_KEY_ID" in message
+
+
+def test_an_unreachable_store_is_refused_within_seconds(monkeypatch, capsys, tiny_shapes, tmp_path):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    started = time.monotonic()
+    message = refusal(monkeypatch, capsys, "shard", str(tiny_shapes), "s3://data/shapes")
+    assert "Cannot reach the storage endpoint" in message and "AWS_ENDPOINT_URL" in message
+    assert time.monotonic() - started < 30
