@@ -160,11 +160,13 @@ def fit_command(project: Path, *args: str, status: int = 0, env: dict | None = N
     return result
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_preempted_run_resumes_at_the_next_unseen_image(monkeypatch, in_project_copy, shards, tiny_shapes, workers):
+@pytest.mark.parametrize(("data_format", "workers"), [("streaming", 0), ("streaming", 2), ("folder", 2)])
+def test_a_preempted_run_resumes_at_the_next_unseen_image(in_project_copy, shards, tiny_shapes, data_format, workers):
     trained = in_project_copy / "trained"
     two_processes = ["--config=configs/trainer/ddp.yaml", "--trainer.devices=2", "--trainer.max_epochs=2"]
-    options = [*two_processes, *streaming(shards, batch_size=4, workers=workers), *plain_images(), record(trained)]
+    data = streaming(shards if data_format == "streaming" else tiny_shapes, batch_size=4, workers=workers)
+    data[0] = f"--data.format={data_format}"
+    options = [*two_processes, *data, "--data.synthetic=false", *plain_images(), record(trained)]
     sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 4}})
     fit_command(in_project_copy, *options, f"--trainer.callbacks+={sigterm}", status=128 + signal.SIGTERM)
     (last,) = in_project_copy.glob("runs/stream/*/checkpoints/last.ckpt")
@@ -176,6 +178,17 @@ def test_a_preempted_run_resumes_at_the_next_unseen_image(monkeypatch, in_projec
     for epoch in (0, 1):
         seen = [image for rank in (0, 1) for image in seen_images(trained / f"trained{rank}.jsonl", epoch)]
         assert sorted(seen) == sorted(files), f"epoch {epoch}: not every training image exactly once"
+
+
+def test_a_resume_with_other_settings_starts_the_epoch_again_with_a_warning(tiny_shapes):
+    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=4)
+    data.setup("fit")
+    position = {"format": "folder", "epoch": 0, "batches": 3, "processes": 2, "batch_size": 4}
+    data.load_state_dict({"class_names": data.class_names, "epoch_position": position})
+    with pytest.warns(UserWarning, match=r"processes 2 -> 1\): it starts again"):
+        assert len(list(data.train_dataloader().sampler)) == 72
+    data.load_state_dict({"class_names": data.class_names, "epoch_position": position | {"processes": 1}})
+    assert len(list(data.train_dataloader().sampler)) == 72 - 3 * 4  # the images of 3 batches were trained on
 
 
 def test_a_folder_that_is_no_dataset_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
@@ -196,21 +209,28 @@ def test_unfinished_shards_and_another_class_set_are_refused(shards, tmp_path):
         data.load_state_dict({"class_names": ["cat", "dog"]})
 
 
+def test_streaming_without_litdata_names_the_extra_to_install(monkeypatch, capsys, shards, tmp_path):
+    monkeypatch.setitem(sys.modules, "litdata", None)  # as if it were not installed
+    for module in ("streaming", "shard"):
+        monkeypatch.delitem(sys.modules, f"{{ cookiecutter.package_name }}.{module}", raising=False)
+    assert ".[streaming]" in refusal(monkeypatch, capsys, "shard", str(tmp_path), str(tmp_path / "out"))
+    assert ".[streaming]" in refusal(monkeypatch, capsys, "fit", *ON_CPU, *streaming(shards))
+
+
 @pytest.fixture
 def s3_bucket(monkeypatch) -> str:
     """A bucket on an S3-compatible server (moto) on 127.0.0.1, and the AWS_* variables that reach it."""
     moto_server = pytest.importorskip("moto.server")
     import boto3
-    from litdata.streaming import downloader
 
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     _, port = server.get_host_and_port()
+    # AWS_ALLOW_HTTP: the local server speaks plain HTTP, which the S3 client refuses unless told.
     for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
-                        "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+                        "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_ALLOW_HTTP": "true"}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
-    # The local server speaks plain HTTP, which LitData's S3 client refuses unless told (stores use HTTPS).
-    monkeypatch.setitem(downloader._OBSTORE_CLIENT_OPTIONS, "allow_http", "true")
     boto3.client("s3").create_bucket(Bucket="data")
     yield "s3://data"
     server.stop()
@@ -241,6 +261,8 @@ def test_an_unreachable_store_is_refused_within_seconds(monkeypatch, capsys, tin
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    assert "AWS_ALLOW_HTTP=true" in refusal(monkeypatch, capsys, "shard", str(tiny_shapes), "s3://data/shapes")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
     started = time.monotonic()
     message = refusal(monkeypatch, capsys, "shard", str(tiny_shapes), "s3://data/shapes")
     assert "Cannot reach the storage endpoint" in message and "AWS_ENDPOINT_URL" in message

@@ -15,7 +15,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from PIL import Image, ImageOps
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
@@ -23,7 +23,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from . import shapes
 from .errors import ConfigError, DataError, MissingError
-from .sampling import ClassBalancedSampler, imbalance_warning, run_seed
+from .sampling import ClassBalancedSampler, EpochSampler, imbalance_warning, run_seed
 from .sharding import shards_weights
 from .transforms import Augment, Interpolation, Preprocessing, resolve_preprocessing, train_transform
 
@@ -134,7 +134,7 @@ class ImageDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self._class_names: list[str] | None = None
         self._manifest: dict | None = None
-        self._stream_position: dict | None = None  # where a resumed streaming run's epoch goes on
+        self._epoch_position: dict | None = None  # where a resumed run's interrupted epoch goes on
         self.train_set = self.val_set = self.test_set = None
 
     @property
@@ -232,13 +232,13 @@ class ImageDataModule(L.LightningDataModule):
             # alike on every rank; offset it so ranks crop and flip differently. (Lightning seeds each
             # worker from the seed, its rank and its worker id.)
             torch.manual_seed(torch.initial_seed() + self.trainer.global_rank)
+        position, self._epoch_position = self._epoch_position, None
         if self.streaming:  # LitData shuffles by the seed and epoch, and gives each process its share
             loader = self._loader(self.train_set, drop_last=per_process > self.batch_size)
-            if self._stream_position is not None:
+            if position is not None:
                 from .streaming import resume_position
 
-                resume_position(loader, self._stream_position)
-                self._stream_position = None
+                resume_position(loader, position["loader"])
             return loader
         shards = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
         seed = run_seed()
@@ -248,7 +248,13 @@ class ImageDataModule(L.LightningDataModule):
             # The sampler Lightning would add under DDP, on one device too: each epoch's order comes
             # from the seed and the epoch, so a resumed run sees the images in the order an
             # uninterrupted one would (a plain shuffle draws from the process's random state).
-            sampler = DistributedSampler(self.train_set, **(shards or {"num_replicas": 1, "rank": 0}), seed=seed)
+            sampler = EpochSampler(self.train_set, **(shards or {"num_replicas": 1, "rank": 0}), seed=seed)
+        if position is not None:
+            saved = {"processes": position["processes"], "batch_size": position["batch_size"]}
+            if changed := changed_settings(saved, {"processes": sampler.num_replicas, "batch_size": self.batch_size}):
+                rank_zero_warn(epoch_restarts(changed))
+            else:
+                sampler.resume_at(position["epoch"], position["batches"] * self.batch_size)
         return self._loader(self.train_set, sampler=sampler, drop_last=per_process > self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
@@ -289,20 +295,25 @@ class ImageDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         # Saved in every checkpoint, so the label order and the preprocessing travel with the weights.
         state = {"class_names": self.class_names, "preprocessing": self.preprocessing.as_dict()}
-        if self.streaming and (position := self._epoch_position()) is not None:
-            state["stream_position"] = position
+        if (position := self._position_in_epoch()) is not None:
+            state["epoch_position"] = position
         return state
 
-    def _epoch_position(self) -> dict | None:
-        """The streaming loader's place in an epoch that a checkpoint interrupts (none at an epoch's
-        end: the next one starts afresh). Lightning saves it too, but loads it only when nothing has
-        asked for the training loader before the checkpoint is read, and the learning-rate schedule
-        has (estimated_stepping_batches)."""
+    def _position_in_epoch(self) -> dict | None:
+        """Where a checkpoint interrupts an epoch, for the resumed run to go on from the next unseen
+        image (none at an epoch's end: the next one starts afresh). Streaming: the loader's state,
+        which Lightning saves too but loads only when nothing asked for the training loader before
+        the checkpoint was read, and the learning-rate schedule has (estimated_stepping_batches).
+        Folders: the epoch and its batches done, which the sampler skips."""
         trainer = self.trainer
         if trainer is None or not trainer.training or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             return None
-        loader = trainer.train_dataloader
-        return loader.state_dict() if hasattr(loader, "state_dict") else None
+        if self.streaming:
+            loader = trainer.train_dataloader
+            return {"format": "streaming", "loader": loader.state_dict()} if hasattr(loader, "state_dict") else None
+        batches = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        return {"format": "folder", "epoch": trainer.current_epoch, "batches": batches,
+                "processes": trainer.world_size, "batch_size": self.batch_size}  # fmt: skip
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved = state_dict.get("class_names")
@@ -312,7 +323,8 @@ class ImageDataModule(L.LightningDataModule):
             )
         # The weights were trained on images prepared one way: evaluating or resuming them on
         # images prepared another way would be measuring or training something else.
-        self._stream_position = state_dict.get("stream_position") if self.streaming else None
+        position = state_dict.get("epoch_position")
+        self._epoch_position = position if position and position["format"] == self.hparams.format else None
         trained = saved_preprocessing(state_dict, self.preprocessing.image_size)
         if trained != self.preprocessing:
             rank_zero_info(
@@ -357,6 +369,18 @@ class ImageDataModule(L.LightningDataModule):
         if self.trainer is not None:
             return isinstance(self.trainer.accelerator, CUDAAccelerator)
         return torch.cuda.is_available()
+
+
+def changed_settings(saved: dict, now: dict) -> str:
+    """The settings that differ, as "name saved -> now", comma-separated ("" when none do)."""
+    return ", ".join(f"{key} {saved[key]} -> {now[key]}" for key in now if saved.get(key) != now[key])
+
+
+def epoch_restarts(changed: str) -> str:
+    return (
+        f"The interrupted epoch cannot go on where it stopped with other settings ({changed}): it starts "
+        "again from its first image. Resume with the run's settings to continue exactly."
+    )
 
 
 def worker_context(method: str) -> multiprocessing.context.BaseContext:

@@ -12,6 +12,8 @@ SILENCED_WARNINGS = [
     r"Precision (bf16|16)-mixed is not supported by the model summary",
     # Streaming data: LitData gives each data worker its own share, so the length is right.
     r"Your `IterableDataset` has `__len__` defined",
+    # A mid-epoch checkpoint: the data module resumes the epoch's data itself (data.py, EpochSampler).
+    r"your dataloader is not resumable",
 ]
 
 

@@ -15,7 +15,27 @@ def run_seed() -> int:
     return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
-class ClassBalancedSampler(DistributedSampler):
+class EpochSampler(DistributedSampler):
+    """Lightning's DistributedSampler (each epoch's order from the seed and the epoch), whose epoch
+    can also start part-way: `resume_at` skips what a resumed run's process already trained on.
+    The length stays the whole epoch's, which Lightning counts the interrupted epoch's batches in."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.resume_epoch, self.resume_skip = -1, 0
+
+    def resume_at(self, epoch: int, seen: int) -> None:
+        self.resume_epoch, self.resume_skip = epoch, seen
+
+    def epoch_indices(self) -> list[int]:
+        return list(super().__iter__())
+
+    def __iter__(self):
+        indices = self.epoch_indices()
+        return iter(indices[self.resume_skip :] if self.epoch == self.resume_epoch else indices)
+
+
+class ClassBalancedSampler(EpochSampler):
     """An epoch of training images (as many as the data has) drawn with replacement, each class as
     often as any other. Every process draws the same seeded sequence and takes every
     `num_replicas`-th draw from its `rank` on, so together they take each draw once. A
@@ -26,10 +46,10 @@ class ClassBalancedSampler(DistributedSampler):
         labels = torch.tensor(labels)
         self.weights = 1.0 / torch.bincount(labels)[labels].double()
 
-    def __iter__(self):
+    def epoch_indices(self) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         draws = torch.multinomial(self.weights, self.total_size, replacement=True, generator=generator)
-        return iter(draws[self.rank : self.total_size : self.num_replicas].tolist())
+        return draws[self.rank : self.total_size : self.num_replicas].tolist()
 
 
 def imbalance_warning(counts: list[int], names: list[str]) -> str | None:

@@ -12,11 +12,9 @@ import os
 import time
 from pathlib import Path
 
-from litdata import optimize
-
 from .data import ImageDataModule, find_classes, split_samples, train_folder, usable_cpus
-from .errors import MissingError
-from .streaming import check_storage, delete_manifest, is_remote, join, write_manifest
+from .errors import ConfigError, MissingError
+from .streaming import check_storage, delete_manifest, is_remote, join, write_manifest, write_split
 
 
 def encoded_sample(sample: tuple[str, int, str]) -> dict:
@@ -30,7 +28,7 @@ def shard(images: Path, output: str, val_fraction: float, split_seed: int, worke
     if not images.is_dir():
         raise MissingError(f"{images} is not a folder: give the image folder (class folders, or train/ and val/).")
     if not is_remote(output) and Path(output).resolve().is_relative_to(images.resolve()):
-        raise MissingError(f"The output {output} is inside the image folder {images}: write it elsewhere.")
+        raise ConfigError(f"The output {output} is inside the image folder {images}: write it elsewhere.")
     check_storage(output)
     classes = find_classes(train_folder(images))
     splits = split_samples(images, classes, val_fraction, split_seed)
@@ -41,16 +39,7 @@ def shard(images: Path, output: str, val_fraction: float, split_seed: int, worke
         started = time.perf_counter()
         inputs = [(path, label, os.path.relpath(path, images)) for path, label in samples]
         print(f"{split}: {len(inputs)} images into {join(output, split)}", flush=True)
-        optimize(
-            fn=encoded_sample,
-            inputs=inputs,
-            output_dir=join(output, split),
-            num_workers=workers,
-            chunk_bytes=chunk_bytes,
-            mode="overwrite",  # a rerun replaces what an earlier one left
-            reorder_files=False,  # keep the inputs' order (LitData otherwise sorts them by file size)
-            start_method="fork",
-        )
+        write_split(encoded_sample, inputs, join(output, split), workers, chunk_bytes)
         counts[split] = {"images": len(inputs), "seconds": round(time.perf_counter() - started, 1)}
         counts[split]["class_counts"] = [sum(1 for _, label in samples if label == i) for i in range(len(classes))]
     manifest = {"classes": classes, "splits": counts, "source": str(images.resolve())}

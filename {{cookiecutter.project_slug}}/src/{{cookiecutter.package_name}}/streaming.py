@@ -8,23 +8,40 @@ is read through a local cache of chunks, which LitData fills ahead of training a
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from litdata import StreamingDataLoader, StreamingDataset
-from litdata.streaming.fs_provider import _get_fs_provider
-from litdata.streaming.resolver import Dir
 from torchvision.transforms import v2
 
-from .data import labelled_image
+from .data import changed_settings, epoch_restarts, labelled_image
 from .errors import ConfigError, MissingError
+
+try:  # the `streaming` extra
+    from litdata import StreamingDataLoader, StreamingDataset, optimize
+    from litdata.streaming import downloader
+    from litdata.streaming.fs_provider import _get_fs_provider
+    from litdata.streaming.resolver import Dir
+except ImportError as missing:
+    raise ConfigError('Streaming data needs LitData, the streaming extra: pip install -e ".[streaming]"') from missing
 
 MANIFEST = "dataset.json"
 # Object stores LitData reads and writes, and the variables that configure each.
 STORES = {"s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials), and AWS_ENDPOINT_URL "
           "for an S3-compatible store", "gs": "GOOGLE_APPLICATION_CREDENTIALS", "r2": "R2 credentials"}  # fmt: skip
+
+
+def allow_plain_http() -> None:
+    """object_store's AWS_ALLOW_HTTP=true (an S3-compatible endpoint without TLS), which LitData's
+    S3 client does not read from the environment."""
+    if os.environ.get("AWS_ALLOW_HTTP", "").lower() == "true":
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"
+
+
+allow_plain_http()  # here too for data workers, which import this module to read the chunks
 
 
 def is_remote(location: str) -> bool:
@@ -49,6 +66,13 @@ def check_storage(location: str, timeout: float = 5.0) -> None:
     import botocore.config
     import botocore.exceptions
 
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    if endpoint.startswith("http://") and os.environ.get("AWS_ALLOW_HTTP", "").lower() != "true":
+        raise ConfigError(
+            f"The storage endpoint {endpoint} is plain HTTP, which LitData's S3 client refuses: use https://, "
+            "or set AWS_ALLOW_HTTP=true on a network you trust."
+        )
+    allow_plain_http()
     session = boto3.Session()
     if session.get_credentials() is None:
         raise ConfigError(f"No credentials for {location}: set {STORES['s3']}.")
@@ -106,6 +130,20 @@ def write_manifest(location: str, manifest: dict) -> None:
             _get_fs_provider(location).upload_file(str(local), join(location, MANIFEST))
         else:
             os.replace(local, Path(location) / MANIFEST)
+
+
+def write_split(encode: Callable[[Any], dict], inputs: list, location: str, workers: int, chunk_bytes: str) -> None:
+    """One split's samples, each encoded by `encode` in one of `workers` processes, as chunks."""
+    optimize(
+        fn=encode,
+        inputs=inputs,
+        output_dir=location,
+        num_workers=workers,
+        chunk_bytes=chunk_bytes,
+        mode="overwrite",  # a rerun replaces what an earlier one left
+        reorder_files=False,  # keep the inputs' order (LitData otherwise sorts them by file size)
+        start_method="fork",  # from this command's one thread; spawn would start each worker from scratch
+    )
 
 
 def delete_manifest(location: str) -> None:
@@ -174,12 +212,7 @@ def resume_position(loader: StreamingLoader, position: dict) -> None:
     images read, which the same processes, workers and batch size turn into the same images."""
     settings = ("world_size", "num_workers", "batch_size")
     now = {key: loader.state_dict()["dataset"][key] for key in settings}
-    saved = {key: position["dataset"].get(key) for key in settings}
-    if saved != now:
-        changed = ", ".join(f"{key} {saved[key]} -> {now[key]}" for key in now if saved[key] != now[key])
-        rank_zero_warn(
-            f"The interrupted epoch cannot go on where it stopped with other settings ({changed}): it starts "
-            "again from its first image. Resume with the run's settings to continue exactly."
-        )
+    if changed := changed_settings(position["dataset"], now):
+        rank_zero_warn(epoch_restarts(changed))
         return
     loader.load_state_dict(position)
