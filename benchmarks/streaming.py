@@ -78,7 +78,8 @@ def main() -> None:
 
     import torch
 
-    print(f"{args.images} JPEGs of {args.size} px ({megabytes:.0f} MB), {os.cpu_count()} CPUs, torch {torch.__version__}")
+    machine = f"{os.cpu_count()} CPUs, torch {torch.__version__}"
+    print(f"{args.images} JPEGs of {args.size} px ({megabytes:.0f} MB), {machine}")
     print(f"shard (2 processes): {sharded:.1f} s, {args.images / sharded:.0f} images/s")
     print(f"{'workers':>8} {'folder images/s':>16} {'streaming images/s':>19}")
     for workers in (0, 1, 2):

@@ -44,14 +44,16 @@ MODULES = [
     "run_folders",
     "sampling",
     "shapes",
+    "shard",
     "sharding",
     "smoke_test",
+    "streaming",
     "timm_backbones",
     "transforms",
     "tune",
     "tuned_config",
 ]
-DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development"]
+DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development", "streaming"]
 TESTS = [
     "conftest",
     "helper_callbacks",
@@ -78,6 +80,7 @@ TESTS = [
     "test_shapes",
     "test_sharding",
     "test_smoke_test",
+    "test_streaming",
     "test_timm",
     "test_transforms",
     "test_tune",
