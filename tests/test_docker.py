@@ -73,13 +73,13 @@ def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_p
 
     assert ("ENTRYPOINT", '["python", "-m", "image_classifier"]') in steps
     assert ("CMD", '["doctor"]') in steps
-    installs = [arguments for kind, arguments in steps if kind == "RUN" and "install ." in arguments]
+    installs = [arguments for kind, arguments in steps if kind == "RUN" and 'install ".[serve]"' in arguments]
     if python_version == "3.11":  # the image's Python and torch
-        assert installs == ["--mount=type=cache,target=/root/.cache/pip pip install ."]
+        assert installs == ['--mount=type=cache,target=/root/.cache/pip pip install ".[serve]"']
         assert not any("venv" in arguments for _, arguments in steps)
     else:  # newer than the image's Python: uv brings one
         assert any("uv venv --python 3.13 /opt/venv" in arguments for kind, arguments in steps if kind == "RUN")
-        assert installs == ["--mount=type=cache,target=/root/.cache/uv uv pip install ."]
+        assert installs == ['--mount=type=cache,target=/root/.cache/uv uv pip install ".[serve]"']
 
 
 @pytest.mark.slow
@@ -101,9 +101,10 @@ def test_the_images_install_step_gives_a_cli_that_trains(tmp_path):
         assert result.returncode == 0, f"{command}: {result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result.stdout
 
-    # The Dockerfile's `pip install .`; without build isolation, which would download hatchling.
-    run(python, "-m", "pip", "install", "--no-build-isolation", ".")
+    # The Dockerfile's `pip install ".[serve]"`; without build isolation, which would download hatchling.
+    run(python, "-m", "pip", "install", "--no-build-isolation", ".[serve]")
     assert "site-packages" in run(python, "-c", "import image_classifier; print(image_classifier.__file__)")
     assert "accelerator" in run(python, "-m", "image_classifier", "doctor")  # the image's default command
+    assert "--max-batch-size" in run(python, "-m", "image_classifier", "serve", "--help")
     on_cpu = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32-true"]
     run(python, "-m", "image_classifier", "fit", "--trainer.fast_dev_run=true", *on_cpu, "--data.num_workers=0")

@@ -33,16 +33,20 @@ MODULES = [
     "export",
     "hardware",
     "hardware_rules",
+    "image_requests",
+    "images",
     "metrics",
     "model",
     "network",
     "predictions",
+    "predictor",
     "progress",
     "quiet",
     "reports",
     "resume",
     "run_folders",
     "sampling",
+    "serve",
     "shapes",
     "shard",
     "sharding",
@@ -54,6 +58,7 @@ MODULES = [
     "tuned_config",
 ]
 DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development", "streaming"]
+DOCS += ["serving"]
 TESTS = [
     "conftest",
     "helper_callbacks",
@@ -77,6 +82,7 @@ TESTS = [
     "test_reproducibility",
     "test_resume",
     "test_safeguards",
+    "test_serve",
     "test_shapes",
     "test_sharding",
     "test_smoke_test",

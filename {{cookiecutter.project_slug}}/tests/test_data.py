@@ -10,12 +10,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import data as data_module
-from {{ cookiecutter.package_name }}.data import (
-    ImageDataModule,
-    auto_workers,
-    read_rgb,
-    stratified_split,
-)
+from {{ cookiecutter.package_name }}.data import ImageDataModule, auto_workers, stratified_split
+from {{ cookiecutter.package_name }}.images import read_rgb
 from {{ cookiecutter.package_name }}.shapes import CLASSES
 from {{ cookiecutter.package_name }}.transforms import IMAGENET_MEAN, IMAGENET_STD
 

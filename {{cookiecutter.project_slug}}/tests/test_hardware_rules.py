@@ -91,3 +91,23 @@ def test_too_many_devices_fall_back_to_the_gpus_there_are():
     machine = hardware.machine_of(MACHINES["one v100"])
     ran, why = runnable(Settings("gpu", 4, "DDPStrategy", "16-mixed"), machine)
     assert ran == Settings("gpu", "1", "DDPStrategy", "16-mixed") and why == "devices 4, but 1 CUDA GPU(s) are visible"
+
+
+@pytest.mark.parametrize(
+    ("machine_name", "accelerator", "cpu_bf16", "trained_in"),
+    [
+        ("cpu only", "auto", False, "32-true"),  # emulated bfloat16: float32 instead
+        ("cpu only", "cpu", False, "32-true"),
+        ("cpu only", "auto", True, "bf16-mixed"),  # AVX-512 or AMX: bfloat16 as configured
+        ("eight h100", "auto", False, "bf16-mixed"),  # on the GPUs, whatever the CPU does
+    ],
+)
+def test_bfloat16_is_not_emulated_on_a_cpu_without_it(monkeypatch, machine_name, accelerator, cpu_bf16, trained_in):
+    facts = MACHINES[machine_name] | {"cpu_bf16": cpu_bf16}
+    monkeypatch.setattr(hardware, "machine_facts", lambda: facts)
+    trainer = {"accelerator": accelerator, "devices": 1, "strategy": "auto", "precision": "bf16-mixed"}
+    hardware.settle_precision(trainer)
+    assert trainer["precision"] == trained_in
+    ran, _ = runnable(Settings("gpu", 1, "auto", "bf16-mixed"), hardware.machine_of(facts))
+    if not facts["gpus"]:  # no GPU: the smoke test falls back to the CPU, in the precision it runs fast
+        assert ran.precision == trained_in

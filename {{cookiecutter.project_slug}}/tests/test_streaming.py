@@ -16,8 +16,9 @@ from conftest import ON_CPU, command_env, refusal, run_command, run_group
 from test_distributed import by_hand, free_port
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.data import ImageDataModule, read_rgb
+from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError, MissingError
+from {{ cookiecutter.package_name }}.images import read_rgb
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.streaming import MANIFEST
 

@@ -14,8 +14,9 @@ from torchvision.transforms.v2 import functional as F
 
 from {{ cookiecutter.package_name }} import model as model_module
 from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS, ClassifierCLI, build, main
-from {{ cookiecutter.package_name }}.data import ImageDataModule, read_rgb
+from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.images import read_rgb
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.transforms import Preprocessing, train_transform
 
@@ -29,7 +30,7 @@ def test_each_augmentation_trains(in_project_copy, tiny_shapes, augment):
     cli = build([*ON_CPU, *on_data(tiny_shapes), "--trainer.fast_dev_run=2", f"--data.augment={augment}",
                  "--data.vflip=true", *erasing, "--data.image_size=32", "--data.interpolation=bicubic"])  # fmt: skip
     cli.trainer.fit(cli.model, cli.datamodule)
-    steps = [type(step) for step in cli.datamodule.train_set.transform.transforms]
+    steps = [type(step) for step in cli.datamodule.train_set.image_transform.transforms]
     assert cli.trainer.global_step == 2
     if augment == "none":
         assert steps == [v2.Resize, v2.CenterCrop, v2.ToDtype]

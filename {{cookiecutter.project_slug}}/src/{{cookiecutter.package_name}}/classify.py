@@ -14,32 +14,13 @@ from pathlib import Path
 import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from .data import UnreadableImageError, checkpoint_preprocessing, image_files_under, read_rgb
-from .errors import DataError, MissingError
-from .model import ImageClassifier
+from .data import image_files_under
+from .errors import MissingError
+from .images import UnreadableImageError
 from .predictions import csv_header, csv_row, top_classes
+from .predictor import Predictor
 from .resume import check_checkpoint
-from .run_folders import last_checkpoints
-from .transforms import Preprocessing
-
-
-def best_checkpoint(runs: Path) -> Path:
-    """The best checkpoint of the newest run, as its ModelCheckpoint recorded it in last.ckpt
-    (whatever the metric it monitors or its file names), else that last.ckpt."""
-    lasts = last_checkpoints(runs)
-    if not lasts:
-        raise MissingError(f"No checkpoint under {runs}: train a model first, or pass --checkpoint.")
-    last = lasts[-1]
-    states = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("callbacks", {})
-    for key, state in states.items():
-        # The callback that monitors a metric: the one that writes last.ckpt monitors none.
-        best = state.get("best_model_path") if key.startswith("ModelCheckpoint") and state.get("monitor") else None
-        if best:
-            # Recorded as the path the run saw, maybe relative to another folder: look beside last.ckpt.
-            found = next((path for path in (Path(best), last.parent / Path(best).name) if path.exists()), None)
-            if found is not None:
-                return found
-    return last
+from .run_folders import best_checkpoint
 
 
 def image_files(inputs: list[Path]) -> list[Path]:
@@ -57,30 +38,19 @@ def image_files(inputs: list[Path]) -> list[Path]:
     return found
 
 
-def saved_state(checkpoint: Path) -> dict:
-    """A checkpoint's contents, memory-mapped: the weights, loaded already by load_from_checkpoint,
-    are not read again."""
-    return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-
-
-def classify(model: ImageClassifier, paths: list[Path], preprocessing: Preprocessing, batch_size: int, top_k: int):
+def classify(predictor: Predictor, paths: list[Path], batch_size: int, top_k: int):
     """Yield (path, [(class name, probability), ...]) for each readable image, best class first."""
-    transform = preprocessing.eval_transform()
-    names = model.label_names()
-    device = next(model.parameters()).device
     for start in range(0, len(paths), batch_size):
         batch, readable = [], []
         for path in paths[start : start + batch_size]:
             try:
-                batch.append(transform(read_rgb(str(path))))
+                batch.append(predictor.prepare(str(path)))
                 readable.append(path)
             except (RuntimeError, OSError, ValueError, UnreadableImageError) as error:
                 warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
-        if not batch:
-            continue
-        with torch.inference_mode():
-            probabilities = model(preprocessing.normalize(torch.stack(batch).to(device))).float().softmax(-1)
-        yield from zip(readable, top_classes(probabilities, names, top_k), strict=True)
+        if batch:
+            probabilities = predictor(torch.stack(batch))
+            yield from zip(readable, top_classes(probabilities, predictor.class_names, top_k), strict=True)
 
 
 def main(args: list[str]) -> int:
@@ -96,14 +66,10 @@ def main(args: list[str]) -> int:
 
     if options.checkpoint is not None:
         check_checkpoint(str(options.checkpoint), "--checkpoint")
-    checkpoint = options.checkpoint or best_checkpoint(options.runs)
+    checkpoint = options.checkpoint or best_checkpoint(options.runs, "--checkpoint")
     paths = image_files(options.images)
-    if checkpoint.is_dir():
-        raise DataError(f"{checkpoint} is a sharded checkpoint: make it one file with `consolidate` first.")
-    model = ImageClassifier.load_from_checkpoint(checkpoint, map_location=options.device, weights_only=True).eval()
-    # Prepared as in training, whatever the configuration says now: the checkpoint records how.
-    preprocessing = checkpoint_preprocessing(saved_state(checkpoint))
-    rows = classify(model, paths, preprocessing, options.batch_size, options.top_k)
+    predictor = Predictor(checkpoint).load(options.device)
+    rows = classify(predictor, paths, options.batch_size, options.top_k)
 
     written = 0
     with options.output.open("w", newline="") as file:

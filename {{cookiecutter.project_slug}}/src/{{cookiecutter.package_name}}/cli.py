@@ -26,7 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from .callbacks import EndWithLauncher
 from .data import ImageDataModule, TooFewClassesError
 from .errors import ConfigError, DataError, UserError, one_line, wants_traceback
-from .hardware import check_hardware
+from .hardware import check_hardware, settle_precision
 from .model import ImageClassifier
 from .progress import LogLines
 from .quiet import silence_dependency_noise
@@ -51,6 +51,7 @@ TOOLS = {
     "doctor": "doctor",
     "export": "export",
     "report": "curves",
+    "serve": "serve",
     "shard": "shard",
     "tune": "tune",
 }
@@ -164,6 +165,7 @@ class ClassifierCLI(LightningCLI):
 {%- endif %}
         config = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
         check_hardware(config.trainer)
+        settle_precision(config.trainer)
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
         if config.trainer.benchmark is None:
             # cuDNN tries its convolution algorithms once per input shape and keeps the fastest; that

@@ -1,29 +1,24 @@
 """ImageDataModule: ImageFolder-style data, split, transformed and loaded."""
 
-import io
 import multiprocessing
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from PIL import Image, ImageOps
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.datasets.folder import IMG_EXTENSIONS
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
-from torchvision.transforms.v2.functional import pil_to_tensor
 
 from . import shapes
 from .errors import ConfigError, DataError, MissingError
-from .sampling import ClassBalancedSampler, EpochSampler, imbalance_warning, run_seed
+from .images import ImageFiles, collate_readable
+from .sampling import ClassBalancedSampler, EpochSampler, changed_settings, epoch_restarts, imbalance_warning, run_seed
 from .sharding import shards_weights
 from .transforms import Augment, Interpolation, Preprocessing, resolve_preprocessing, train_transform
 
@@ -371,18 +366,6 @@ class ImageDataModule(L.LightningDataModule):
         return torch.cuda.is_available()
 
 
-def changed_settings(saved: dict, now: dict) -> str:
-    """The settings that differ, as "name saved -> now", comma-separated ("" when none do)."""
-    return ", ".join(f"{key} {saved[key]} -> {now[key]}" for key in now if saved.get(key) != now[key])
-
-
-def epoch_restarts(changed: str) -> str:
-    return (
-        f"The interrupted epoch cannot go on where it stopped with other settings ({changed}): it starts "
-        "again from its first image. Resume with the run's settings to continue exactly."
-    )
-
-
 def worker_context(method: str) -> multiprocessing.context.BaseContext:
     """The multiprocessing context data workers start from (see ImageDataModule's worker_start_method)."""
     if method not in multiprocessing.get_all_start_methods() or (method == "forkserver" and sys.platform == "darwin"):
@@ -405,68 +388,6 @@ def auto_workers(cpus: int, devices: int) -> int:
     its CPUs, taskset) is this process's share already; otherwise the devices split the CPUs."""
     share = cpus if cpus < (os.cpu_count() or cpus) else cpus // devices
     return max(0, min(8, share - 1))
-
-
-class UnreadableImageError(DataError):
-    """An image file that cannot be decoded, named in the message."""
-
-
-class ImageFiles(Dataset):
-    """(path, label) pairs read as RGB tensors and passed through `transform`; an unreadable file
-    gives None (with a warning naming it) when `skip_unreadable`, else an error naming it."""
-
-    def __init__(self, samples: list[tuple[str, int]], transform: v2.Transform, skip_unreadable: bool = True) -> None:
-        self.samples = samples
-        self.image_transform = transform
-        self.skip_unreadable = skip_unreadable
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
-        path, label = self.samples[index]
-        return labelled_image(path, label, path, self.image_transform, self.skip_unreadable)
-
-
-def labelled_image(
-    source: str | bytes | memoryview, label: int, name: str, transform: v2.Transform, skip_unreadable: bool
-) -> tuple[torch.Tensor, int] | None:
-    """(transformed image, label) of an image file or its bytes; for an unreadable one, None with a
-    warning naming it when `skip_unreadable`, else an error naming it."""
-    try:
-        image = read_rgb(source)
-    except (RuntimeError, OSError, ValueError) as error:  # what the decoders raise for a bad file
-        if not skip_unreadable:
-            raise UnreadableImageError(
-                f"Cannot read the image {name} ({error}): remove or replace it, or set data.bad_images to skip."
-            ) from error
-        warnings.warn(f"Skipping the unreadable image {name} ({error})", stacklevel=1)
-        return None
-    return transform(image), label
-
-
-def collate_readable(samples: list) -> list[torch.Tensor]:
-    """A batch of the samples that could be read (unreadable ones come as None)."""
-    readable = [sample for sample in samples if sample is not None]
-    if not readable:
-        raise UnreadableImageError("Every image of a batch was unreadable: see the warnings above for the files.")
-    return default_collate(readable)
-
-
-def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
-    """Decode an image file, or its bytes, to a 3×H×W tensor (uint8, or uint16 for 16-bit PNG),
-    upright as its EXIF orientation says; grey, alpha, palette and CMYK images become RGB."""
-    in_memory = not isinstance(source, str)
-    encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
-    try:
-        return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except RuntimeError:  # formats torchvision.io cannot decode (BMP, TIFF, PPM): PIL reads them
-        with Image.open(io.BytesIO(source) if in_memory else source) as image:
-            image = ImageOps.exif_transpose(image)
-            if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
-                levels = np.asarray(image, dtype=np.float32) / 257
-                image = Image.fromarray(levels.clip(0, 255).astype(np.uint8))
-            return pil_to_tensor(image.convert("RGB"))
 
 
 def saved_preprocessing(state: dict, image_size: int) -> Preprocessing:

@@ -15,30 +15,19 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from .classify import image_files, saved_state
-from .data import checkpoint_preprocessing, read_rgb
+from .classify import image_files
+from .data import checkpoint_preprocessing
 from .errors import MissingError
+from .images import read_rgb
 from .model import ImageClassifier
+from .predictor import ONNX_PREPROCESSING_KEY, ServedClassifier, saved_state
 from .transforms import Preprocessing
 
 # Exported and PyTorch probabilities may differ by float rounding, never by more than this.
 TOLERANCE = 1e-4
 # A protobuf file holds at most 2 GB: larger weights go to a .data file beside the .onnx.
 ONNX_SINGLE_FILE_BYTES = 1_800_000_000
-
-
-class ServedClassifier(nn.Module):
-    """uint8 images in, class probabilities out: what a server or an app calls."""
-
-    def __init__(self, model: ImageClassifier, preprocessing: Preprocessing) -> None:
-        super().__init__()
-        self.model = model
-        self.preprocessing = preprocessing
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model(self.preprocessing.normalize(images)).softmax(-1)
 
 
 def sample_images(sources: list[Path], preprocessing: Preprocessing, count: int = 8) -> torch.Tensor:
@@ -58,6 +47,7 @@ def onnx_metadata(model: ImageClassifier, preprocessing: Preprocessing) -> dict[
         "image_size": str(side),
         "input": f"uint8 RGB images, N x 3 x {side} x {side}; scaling and normalisation are inside the model",
         "preprocessing": preprocessing.describe(),
+        ONNX_PREPROCESSING_KEY: json.dumps(preprocessing.as_dict()),
         "normalisation": json.dumps({"mean": list(preprocessing.mean), "std": list(preprocessing.std)}),
         "output": "class probabilities, in the order of class_names",
     }

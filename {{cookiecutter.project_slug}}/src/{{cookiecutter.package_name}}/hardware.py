@@ -9,10 +9,11 @@ import platform
 from importlib.util import find_spec
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from .data import usable_cpus
 from .errors import UserError
-from .hardware_rules import Machine, from_trainer, problems
+from .hardware_rules import Machine, fastest_precision, from_trainer, problems
 
 
 class HardwareError(UserError, RuntimeError):
@@ -41,6 +42,7 @@ def machine_facts() -> dict:
         "nccl": _nccl_version() if gpus else None,
         "gpus": gpus,
         "mps": torch.backends.mps.is_available(),
+        "cpu_bf16": _cpu_computes_bf16(),
         "cpus": usable_cpus(),
         "deepspeed": find_spec("deepspeed") is not None,
     }
@@ -53,6 +55,7 @@ def machine_of(facts: dict) -> Machine:
         bf16_on_gpus=all(gpu["bf16"] for gpu in facts["gpus"]),
         cuda_build=facts["cuda"] is not None,
         mps=facts["mps"],
+        bf16_on_cpu=facts.get("cpu_bf16", True),
         nccl=facts["nccl"] is not None,
         deepspeed=facts["deepspeed"],
     )
@@ -63,6 +66,21 @@ def check_hardware(trainer) -> None:
     found = problems(from_trainer(trainer), machine_of(machine_facts()))
     if found:
         raise HardwareError(f"{found[0]}.")
+
+
+def settle_precision(trainer) -> None:
+    """Train in 32-true where the configured bfloat16 would be emulated, saying why."""
+    precision, why = fastest_precision(from_trainer(trainer), machine_of(machine_facts()))
+    if why:
+        rank_zero_info(f"Training in {precision}: {why}.")
+        trainer["precision"] = precision
+
+
+def _cpu_computes_bf16() -> bool:
+    try:  # oneDNN's own test, which its bfloat16 kernels follow
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return True
 
 
 def _nccl_version() -> str | None:

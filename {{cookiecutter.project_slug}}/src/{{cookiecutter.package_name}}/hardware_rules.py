@@ -44,6 +44,7 @@ class Settings:
 class Machine:
     cuda_gpus: tuple[str, ...] = ()  # names of the visible CUDA GPUs
     bf16_on_gpus: bool = True  # every visible CUDA GPU computes in bfloat16 (compute capability 8.0+)
+    bf16_on_cpu: bool = True  # the CPU computes in bfloat16 (AVX-512, AMX, Arm BF16) rather than emulating it
     cuda_build: bool = False  # torch was built with CUDA
     mps: bool = False  # Apple's Metal backend is available
     nccl: bool = True
@@ -173,6 +174,14 @@ def problems(settings: Settings, machine: Machine | None = None) -> list[Problem
     return found
 
 
+def fastest_precision(settings: Settings, machine: Machine) -> tuple[str, str]:
+    """The precision to train with, and why it is not the configured one ("" when it is): bfloat16
+    autocast on a CPU that emulates it (AVX2 only) is many times slower than float32, and no more accurate."""
+    if target(settings, machine) == "cpu" and settings.precision.startswith("bf16") and not machine.bf16_on_cpu:
+        return "32-true", f"this CPU lacks bfloat16 arithmetic: {settings.precision} would run emulated, far slower"
+    return settings.precision, ""
+
+
 def runnable(settings: Settings, machine: Machine) -> tuple[Settings, str]:
     """`settings`, or the nearest settings this machine can train with and why they differ ("" when
     they don't): fewer GPUs when too many were asked for, else one CPU process."""
@@ -183,6 +192,7 @@ def runnable(settings: Settings, machine: Machine) -> tuple[Settings, str]:
         fewer = replace(settings, devices=str(len(machine.cuda_gpus)))
         if not problems(fewer, machine):
             return fewer, found[0].what
-    cpu_precision = "32-true" if settings.precision.startswith("16") else settings.precision
-    cpu = Settings(accelerator="cpu", devices="1", strategy="auto", precision=cpu_precision)
-    return cpu, found[0].what
+    cpu = Settings(accelerator="cpu", devices="1", strategy="auto", precision=settings.precision)
+    if settings.precision.startswith("16"):
+        cpu = replace(cpu, precision="32-true")
+    return replace(cpu, precision=fastest_precision(cpu, machine)[0]), found[0].what

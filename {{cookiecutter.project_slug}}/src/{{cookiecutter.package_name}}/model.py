@@ -191,8 +191,13 @@ class ImageClassifier(L.LightningModule):
         return position["epoch"] if position else self.trainer.current_epoch
 
     def label_names(self) -> list[str]:
+        return self.names_of(self.hparams)
+
+    @staticmethod
+    def names_of(hyper_parameters: dict) -> list[str]:
         """The class names, or the class indices as text when the model has no names."""
-        return self.hparams.class_names or [str(index) for index in range(self.hparams.num_classes)]
+        names = hyper_parameters.get("class_names")
+        return list(names) if names else [str(index) for index in range(hyper_parameters["num_classes"])]
 
     def _evaluate(
         self,

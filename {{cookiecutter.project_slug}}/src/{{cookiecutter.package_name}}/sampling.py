@@ -66,3 +66,15 @@ def imbalance_warning(counts: list[int], names: list[str]) -> str | None:
         f"{names[counts.index(commonest)]}. Accuracy will mostly reflect the common classes (watch val/f1); "
         "consider model.class_weights: balanced or data.balanced_sampling: true."
     )
+
+
+def changed_settings(saved: dict, now: dict) -> str:
+    """The settings that differ, as "name saved -> now", comma-separated ("" when none do)."""
+    return ", ".join(f"{key} {saved[key]} -> {now[key]}" for key in now if saved.get(key) != now[key])
+
+
+def epoch_restarts(changed: str) -> str:
+    return (
+        f"The interrupted epoch cannot go on where it stopped with other settings ({changed}): it starts "
+        "again from its first image. Resume with the run's settings to continue exactly."
+    )

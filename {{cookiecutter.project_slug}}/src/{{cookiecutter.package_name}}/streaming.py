@@ -17,8 +17,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torchvision.transforms import v2
 
-from .data import changed_settings, epoch_restarts, labelled_image
 from .errors import ConfigError, MissingError
+from .images import labelled_image
+from .sampling import changed_settings, epoch_restarts
 
 try:  # the `streaming` extra
     from litdata import StreamingDataLoader, StreamingDataset, optimize

@@ -1,0 +1,77 @@
+"""One image read from a file or its bytes: decoded upright in RGB, transformed and labelled, or
+skipped with a warning naming it; what the folder and the streaming datasets, classify and serve share."""
+
+import io
+import warnings
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+from torch.utils.data import Dataset, default_collate
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms import v2
+from torchvision.transforms.v2.functional import pil_to_tensor
+
+from .errors import DataError
+
+
+class UnreadableImageError(DataError):
+    """An image file that cannot be decoded, named in the message."""
+
+
+class ImageFiles(Dataset):
+    """(path, label) pairs read as RGB tensors and passed through `transform`; an unreadable file
+    gives None (with a warning naming it) when `skip_unreadable`, else an error naming it."""
+
+    def __init__(self, samples: list[tuple[str, int]], transform: v2.Transform, skip_unreadable: bool = True) -> None:
+        self.samples = samples
+        self.image_transform = transform
+        self.skip_unreadable = skip_unreadable
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
+        path, label = self.samples[index]
+        return labelled_image(path, label, path, self.image_transform, self.skip_unreadable)
+
+
+def labelled_image(
+    source: str | bytes | memoryview, label: int, name: str, transform: v2.Transform, skip_unreadable: bool
+) -> tuple[torch.Tensor, int] | None:
+    """(transformed image, label) of an image file or its bytes; for an unreadable one, None with a
+    warning naming it when `skip_unreadable`, else an error naming it."""
+    try:
+        image = read_rgb(source)
+    except (RuntimeError, OSError, ValueError) as error:  # what the decoders raise for a bad file
+        if not skip_unreadable:
+            raise UnreadableImageError(
+                f"Cannot read the image {name} ({error}): remove or replace it, or set data.bad_images to skip."
+            ) from error
+        warnings.warn(f"Skipping the unreadable image {name} ({error})", stacklevel=1)
+        return None
+    return transform(image), label
+
+
+def collate_readable(samples: list) -> list[torch.Tensor]:
+    """A batch of the samples that could be read (unreadable ones come as None)."""
+    readable = [sample for sample in samples if sample is not None]
+    if not readable:
+        raise UnreadableImageError("Every image of a batch was unreadable: see the warnings above for the files.")
+    return default_collate(readable)
+
+
+def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
+    """Decode an image file, or its bytes, to a 3×H×W tensor (uint8, or uint16 for 16-bit PNG),
+    upright as its EXIF orientation says; grey, alpha, palette and CMYK images become RGB."""
+    in_memory = not isinstance(source, str)
+    encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
+    try:
+        return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    except RuntimeError:  # formats torchvision.io cannot decode (BMP, TIFF, PPM): PIL reads them
+        with Image.open(io.BytesIO(source) if in_memory else source) as image:
+            image = ImageOps.exif_transpose(image)
+            if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
+                levels = np.asarray(image, dtype=np.float32) / 257
+                image = Image.fromarray(levels.clip(0, 255).astype(np.uint8))
+            return pil_to_tensor(image.convert("RGB"))

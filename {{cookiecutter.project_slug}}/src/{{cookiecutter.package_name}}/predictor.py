@@ -1,0 +1,104 @@
+"""A trained model ready to predict: a checkpoint, or its ONNX export, with the preprocessing it was
+trained with. `classify` and `serve` both predict through a Predictor, so a served answer is the one
+`classify` writes for the same image."""
+
+import json
+from importlib.util import find_spec
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .data import checkpoint_preprocessing
+from .errors import ConfigError, DataError, MissingError
+from .images import read_rgb
+from .model import ImageClassifier
+from .transforms import Preprocessing
+
+# The ONNX metadata key of the preprocessing settings, as Preprocessing.as_dict gives them.
+ONNX_PREPROCESSING_KEY = "preprocessing_settings"
+
+
+class ServedClassifier(nn.Module):
+    """uint8 images in, class probabilities out: what a server or an app calls, and what is exported."""
+
+    def __init__(self, model: ImageClassifier, preprocessing: Preprocessing) -> None:
+        super().__init__()
+        self.model = model
+        self.preprocessing = preprocessing
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(self.preprocessing.normalize(images)).softmax(-1)
+
+
+def saved_state(checkpoint: Path) -> dict:
+    """A checkpoint's contents, memory-mapped: weights that load_from_checkpoint reads are not read twice."""
+    return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+
+
+def onnx_session(model: Path, device: str = "cpu"):
+    if find_spec("onnxruntime") is None:
+        raise ConfigError(f'{model} needs onnxruntime to run: pip install -e ".[export]"')
+    import onnxruntime
+
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            raise ConfigError("This onnxruntime cannot use CUDA: pip install onnxruntime-gpu, or serve on the CPU.")
+        index = int(device.partition(":")[2] or 0)
+        providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    try:
+        return onnxruntime.InferenceSession(str(model), providers=providers)
+    except Exception as error:  # onnxruntime's own error classes, one per kind of damage
+        raise DataError(f"{model} is not an ONNX model onnxruntime can run ({str(error).splitlines()[0]}).") from None
+
+
+class Predictor:
+    """Image files or their bytes in, class probabilities out. Built without the weights, which are
+    cheap to describe and costly to hold: `load` reads them, where the predicting happens."""
+
+    def __init__(self, model: Path) -> None:
+        if model.is_dir():
+            raise DataError(f"{model} is a sharded checkpoint: make it one file with `consolidate` first.")
+        if not model.is_file():
+            raise MissingError(f"{model} is not a file: pass a checkpoint (.ckpt) or an ONNX export (.onnx).")
+        self.model = model
+        self.is_onnx = model.suffix == ".onnx"
+        if self.is_onnx:
+            # The session is only read here: onnxruntime's threads must not be alive when servers fork.
+            metadata = onnx_session(model).get_modelmeta().custom_metadata_map
+            if ONNX_PREPROCESSING_KEY not in metadata:
+                raise ConfigError(f"{model} does not record its preprocessing: export it again with `export`.")
+            self.preprocessing = Preprocessing.from_dict(json.loads(metadata[ONNX_PREPROCESSING_KEY]))
+            self.class_names = json.loads(metadata["class_names"])
+        else:
+            saved = saved_state(model)
+            # Prepared as in training, whatever the configuration says now: the checkpoint records how.
+            self.preprocessing = checkpoint_preprocessing(saved)
+            hyper_parameters = saved.get("hyper_parameters", {})
+            self.class_names = ImageClassifier.names_of(hyper_parameters)
+        self.transform = self.preprocessing.eval_transform()
+        self._run = None
+
+    def load(self, device: str = "cpu") -> "Predictor":
+        if self.is_onnx:
+            session = onnx_session(self.model, device)
+            self._run = lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+        else:
+            model = ImageClassifier.load_from_checkpoint(self.model, map_location=device, weights_only=True)
+            served = ServedClassifier(model.eval(), self.preprocessing)
+            self._run = lambda images: served(images.to(device)).float().cpu()
+        return self
+
+    def prepare(self, image: str | bytes) -> torch.Tensor:
+        """An image file or its bytes as validation prepares it: uint8, 3 x S x S."""
+        return self.transform(read_rgb(image))
+
+    def __call__(self, images: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """Class probabilities (float32, on the CPU) of prepared images, N x 3 x S x S."""
+        if self._run is None:
+            raise RuntimeError("Predictor.load() reads the weights before the first prediction.")
+        with torch.inference_mode():
+            return self._run(torch.as_tensor(images))

@@ -1,0 +1,168 @@
+"""`python -m {{ cookiecutter.package_name }} serve [--model CKPT_OR_ONNX]`: an HTTP server of the model's top classes (LitServe).
+
+POST one image to http://HOST:PORT/predict: as the body (Content-Type image/jpeg, image/png, ... or
+application/octet-stream), as a multipart upload named "image", or as JSON {"image": "<base64>"}.
+The answer is JSON, {"predictions": [{"class": "...", "probability": 0.93}, ...]}, best first;
+a request that carries no usable image gets a 4xx and {"error": "..."}. GET /health answers "ok"
+once the model is loaded, GET /info describes it. Requests arriving together are predicted as one
+batch (up to --max-batch-size, waiting at most --batch-timeout seconds for it to fill).
+
+The model is a checkpoint (default: the best of the newest run) or an ONNX export, run through
+onnxruntime. Images are prepared as validation prepared them, as `classify` does. SIGTERM stops
+taking requests, answers those in flight, and exits with status 0.
+"""
+
+import argparse
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import torch
+from starlette.concurrency import run_in_threadpool
+
+from .errors import ConfigError
+from .image_requests import BadImageRequest, Limits, image_bytes, read_body
+from .predictions import top_classes
+from .predictor import Predictor
+from .resume import check_checkpoint
+from .run_folders import best_checkpoint
+
+try:  # the `serve` extra
+    import litserve as ls
+    from fastapi import Depends, HTTPException, Request
+    from fastapi.responses import JSONResponse
+except ImportError as missing:
+    raise ConfigError('Serving needs LitServe, the serve extra: pip install -e ".[serve]"') from missing
+
+HOSTS = {"127.0.0.1": "this machine only", "0.0.0.0": "every IPv4 interface", "::": "every interface"}
+
+
+async def prepared_image(request: Request) -> np.ndarray:
+    """The request's image, decoded and resized as validation does, or a 4xx naming what is wrong.
+
+    This runs in the HTTP server processes, not in the model's worker: a bad image fails its own
+    request alone (LitServe fails a whole batch with one of its inputs), and decoding, the costly
+    part, runs beside the model instead of between its batches."""
+    predictor, limits = request.app.state.predictor, request.app.state.limits
+    try:
+        data = await image_bytes(request, await read_body(request, limits), limits)
+        image = await run_in_threadpool(predictor.prepare, data)
+    except BadImageRequest as error:
+        raise HTTPException(error.status, str(error)) from None
+    except (RuntimeError, OSError, ValueError) as error:  # what read_rgb raises for a damaged image
+        raise HTTPException(400, f"The image cannot be decoded: {error}.") from None
+    # An array, not a tensor: torch would share a tensor through shared memory across the queues.
+    return image.numpy()
+
+
+class ClassifierAPI(ls.LitAPI):
+    """The model's worker: a batch of prepared images in, each image's top classes out."""
+
+    def __init__(self, predictor: Predictor, top_k: int, max_batch_size: int, batch_timeout: float) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+        self.predictor = predictor
+        self.top_k = top_k
+
+    def setup(self, device: str) -> None:
+        self.predictor.load(device)
+
+    # LitServe hands the endpoint's argument, typed by this annotation, to decode_request.
+    def decode_request(self, request: Annotated[np.ndarray, Depends(prepared_image)]) -> np.ndarray:
+        return request
+
+    def batch(self, inputs: list[np.ndarray]) -> torch.Tensor:
+        return torch.from_numpy(np.stack(inputs))
+
+    def predict(self, images: torch.Tensor) -> list[list[tuple[str, float]]]:
+        return top_classes(self.predictor(images), self.predictor.class_names, self.top_k)
+
+    def unbatch(self, output: list) -> list:
+        return output
+
+    def encode_response(self, top: list[tuple[str, float]]) -> dict:
+        return {"predictions": [{"class": name, "probability": probability} for name, probability in top]}
+
+
+async def error_as_json(request: Request, error: HTTPException) -> JSONResponse:
+    return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
+
+
+def stop_on_sigterm(signum: int, frame) -> None:
+    # LitServe stops on KeyboardInterrupt by letting its HTTP servers answer the requests in flight
+    # before it stops the model's workers: SIGTERM (docker stop, Kubernetes, Slurm) takes that path.
+    print("SIGTERM: answering the requests in flight, then stopping.", flush=True)
+    raise KeyboardInterrupt
+
+
+def check_devices(device: str, devices: str) -> int | str:
+    """--devices as LitServe takes it, once this machine is known to have them."""
+    if devices != "auto" and not (devices.isdigit() and int(devices) >= 1):
+        raise ConfigError(f"--devices {devices}: give a number of GPUs, 1 or more, or auto.")
+    gpus = torch.cuda.device_count()  # counts without starting CUDA, which the forked servers must not inherit
+    if device == "cuda" and gpus == 0:
+        raise ConfigError("--device cuda: no CUDA GPU is visible here. Serve with --device cpu, or auto.")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("--device mps: this machine has no Apple GPU (MPS). Serve with --device cpu, or auto.")
+    if devices.isdigit() and int(devices) > gpus and device in ("cuda", "auto") and gpus:
+        raise ConfigError(f"--devices {devices}: this machine has {gpus} GPU(s).")
+    return int(devices) if devices.isdigit() else devices
+
+
+def check_port(host: str, port: int) -> None:
+    if not 1024 <= port <= 65535:
+        raise ConfigError(f"--port {port} is out of range: pick one from 1024 to 65535.")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError:
+            raise ConfigError(f"Port {port} of {host} is in use: stop what holds it, or pick another --port.") from None
+
+
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="a checkpoint or an .onnx export (default: the newest run's best)")
+    parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")
+    parser.add_argument("--host", default="127.0.0.1", choices=HOSTS, help="0.0.0.0 to be reached from other machines")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument("--devices", default="auto", help="how many GPUs to use, or auto: all of them")
+    parser.add_argument("--workers-per-device", type=int, default=1, help="model copies per device")
+    parser.add_argument("--max-batch-size", type=int, default=8, help="1 predicts each request alone")
+    parser.add_argument("--batch-timeout", type=float, default=0.005, help="seconds a batch waits to fill")
+    parser.add_argument("--top-k", type=int, default=3, help="classes per answer")
+    parser.add_argument("--max-request-bytes", type=int, default=Limits.request_bytes)
+    parser.add_argument("--max-image-bytes", type=int, default=Limits.image_bytes)
+    parser.add_argument("--max-pixels", type=int, default=Limits.pixels, help="width x height of the largest image")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    options = parser.parse_args(args)
+    if min(options.workers_per_device, options.max_batch_size, options.top_k) < 1 or options.batch_timeout < 0:
+        raise ConfigError("--workers-per-device, --max-batch-size, --top-k: 1 or more; --batch-timeout: 0 or more.")
+    devices = check_devices(options.device, options.devices)
+    check_port(options.host, options.port)
+    if options.model is not None and options.model.suffix != ".onnx":
+        check_checkpoint(str(options.model), "--model")
+
+    predictor = Predictor(options.model or best_checkpoint(options.runs, "--model"))
+    api = ClassifierAPI(predictor, options.top_k, options.max_batch_size, options.batch_timeout)
+    server = ls.LitServer(
+        api, accelerator=options.device, devices=devices, workers_per_device=options.workers_per_device,
+        model_metadata={"model": str(predictor.model), "classes": predictor.class_names,
+                        "preprocessing": predictor.preprocessing.describe()},
+    )  # fmt: skip
+    server.app.state.predictor = predictor
+    server.app.state.limits = Limits(options.max_request_bytes, options.max_image_bytes, options.max_pixels)
+    server.app.add_exception_handler(HTTPException, error_as_json)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    # The HTTP servers LitServe forks keep the default, which uvicorn turns into finishing their requests.
+    os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    placed = ", ".join(str(group[0] if isinstance(group, list) else group) for group in server.devices)
+    address = f"[{options.host}]" if ":" in options.host else options.host
+    print(f"Serving {predictor.model} on {placed} at http://{address}:{options.port}/predict "
+          f"({HOSTS[options.host]}); GET /health answers ok once the model is loaded.", flush=True)  # fmt: skip
+    server.run(host=options.host, port=options.port, log_level=options.log_level, generate_client_file=False)
+    return 0
