@@ -96,7 +96,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="decode-") as tmp:
         sys.path.insert(0, str(render_project(Path(tmp))))
-        from image_classifier import data, shapes, transforms
+        from image_classifier import data, images, shapes, transforms
 
         root = shapes.draw_shapes_dataset(Path(tmp) / "shapes", images_per_class={"train": args.images_per_class})
         pngs = data.find_images(root / "train", data.find_classes(root / "train"))
@@ -106,7 +106,7 @@ def main() -> None:
         augmentation = {
             name: defaults[name].default for name in ("augment", "hflip", "vflip", "min_crop_scale", "random_erasing")
         }
-        decoders = {"torchvision": data.read_rgb, "PIL": pil_rgb}
+        decoders = {"torchvision": images.read_rgb, "PIL": pil_rgb}
         print(f"{len(pngs)} images per epoch, batch {args.batch_size}, {args.epochs} timed epoch(s) per measurement")
 
         for name, (samples, image_size) in datasets.items():
@@ -118,7 +118,8 @@ def main() -> None:
                     order = list(decoders) if repeat % 2 == 0 else list(reversed(decoders))
                     for decoder in order:
                         dataset = DecodedImages(samples, decoders[decoder], transform)
-                        rate = images_per_second(dataset, workers, args.batch_size, args.epochs, data.collate_readable)
+                        collate = images.collate_readable
+                        rate = images_per_second(dataset, workers, args.batch_size, args.epochs, collate)
                         measured[decoder].append(rate)
                 rows.append((name, workers, {decoder: statistics.median(rates) for decoder, rates in measured.items()}))
 
