@@ -207,6 +207,20 @@ def test_the_server_answers_as_classify_under_concurrency_and_refuses_bad_input(
     assert server.poll() is None
 
 
+def test_a_server_that_batches_nothing_answers_the_same(monkeypatch, groups, model, tiny_shapes, tmp_path):
+    server, port = start_server(groups, model, "--max-batch-size=1")
+    expected = classified(monkeypatch, model, tiny_shapes / "test", tmp_path / "classified.csv")
+    for path in sorted((tiny_shapes / "test").rglob("*.png"))[::5]:
+        status, answer = post(port, path.read_bytes(), PNG)
+        assert status == 200 and answered_as(answer, expected[path], 1e-5), (path, answer)
+    # Two SIGTERMs (a scheduler and a wrapper both sending one): the second does not cut the drain short.
+    server.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == 0
+    assert "Traceback" not in server.stdout.read()
+
+
 def test_a_server_of_the_onnx_export_answers_the_same_and_drains_on_sigterm(
     monkeypatch, groups, model, tiny_shapes, tmp_path
 ):

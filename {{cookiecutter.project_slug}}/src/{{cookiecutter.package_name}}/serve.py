@@ -16,6 +16,7 @@ import argparse
 import os
 import signal
 import socket
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -62,7 +63,9 @@ class ClassifierAPI(ls.LitAPI):
     """The model's worker: a batch of prepared images in, each image's top classes out."""
 
     def __init__(self, predictor: Predictor, top_k: int, max_batch_size: int, batch_timeout: float) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
+        with warnings.catch_warnings():  # batch size 1 is a choice, not a forgotten setting
+            warnings.filterwarnings("ignore", "The LitServer has both batch and unbatch", UserWarning)
+            super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.predictor = predictor
         self.top_k = top_k
 
@@ -76,8 +79,11 @@ class ClassifierAPI(ls.LitAPI):
     def batch(self, inputs: list[np.ndarray]) -> torch.Tensor:
         return torch.from_numpy(np.stack(inputs))
 
-    def predict(self, images: torch.Tensor) -> list[list[tuple[str, float]]]:
-        return top_classes(self.predictor(images), self.predictor.class_names, self.top_k)
+    def predict(self, images: torch.Tensor | np.ndarray) -> list:
+        # LitServe calls batch() and unbatch() only when it batches: with max batch size 1, one image comes alone.
+        alone = isinstance(images, np.ndarray)
+        top = top_classes(self.predictor(images[None] if alone else images), self.predictor.class_names, self.top_k)
+        return top[0] if alone else top
 
     def unbatch(self, output: list) -> list:
         return output
@@ -94,6 +100,7 @@ def stop_on_sigterm(signum: int, frame) -> None:
     # LitServe stops on KeyboardInterrupt by letting its HTTP servers answer the requests in flight
     # before it stops the model's workers: SIGTERM (docker stop, Kubernetes, Slurm) takes that path.
     print("SIGTERM: answering the requests in flight, then stopping.", flush=True)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the drain short
     raise KeyboardInterrupt
 
 
