@@ -1,4 +1,6 @@
-"""Class imbalance: a sampler that draws every class alike, and the warning that points to it."""
+"""The order of training images: each epoch's shuffle across processes, resumable mid-epoch
+(EpochSampler), and the warning when a resume's settings cannot continue the interrupted epoch;
+class imbalance: a sampler that draws every class alike, and the warning that points to it."""
 
 import os
 
