@@ -187,7 +187,8 @@ def runnable(settings: Settings, machine: Machine) -> tuple[Settings, str]:
     they don't): fewer GPUs when too many were asked for, else one CPU process."""
     found = problems(settings, machine)
     if not found:
-        return settings, ""
+        precision, why = fastest_precision(settings, machine)
+        return replace(settings, precision=precision), why
     if target(settings, machine) == "cuda":
         fewer = replace(settings, devices=str(len(machine.cuda_gpus)))
         if not problems(fewer, machine):
