@@ -193,7 +193,6 @@ def runnable(settings: Settings, machine: Machine) -> tuple[Settings, str]:
         fewer = replace(settings, devices=str(len(machine.cuda_gpus)))
         if not problems(fewer, machine):
             return fewer, found[0].what
-    cpu = Settings(accelerator="cpu", devices="1", strategy="auto", precision=settings.precision)
-    if settings.precision.startswith("16"):
-        cpu = replace(cpu, precision="32-true")
+    cpu_precision = "32-true" if settings.precision.startswith("16") else settings.precision
+    cpu = Settings(accelerator="cpu", devices="1", strategy="auto", precision=cpu_precision)
     return replace(cpu, precision=fastest_precision(cpu, machine)[0]), found[0].what
