@@ -49,3 +49,11 @@ def test_streaming_benchmark_times_both_formats_and_the_shard():
     assert "shard (2 processes)" in printed
     rows = [line.split() for line in printed.splitlines() if re.match(r"\s+[012]\s+\d", line)]
     assert [row[0] for row in rows] == ["0", "1", "2"]
+
+
+@pytest.mark.slow
+def test_serve_load_benchmark_serves_both_models_at_both_batch_sizes_without_errors():
+    printed = run_benchmark("serve_load", "--requests=24", "--warmup=2", "--clients=4", "--image-size=64")
+    rows = [line.split() for line in printed.splitlines() if re.match(r"\s*(pytorch|onnx)\s+[18]\s", line)]
+    assert [row[:2] for row in rows] == [["pytorch", "1"], ["pytorch", "8"], ["onnx", "1"], ["onnx", "8"]], printed
+    assert all(row[5] == "0" for row in rows), printed
