@@ -40,8 +40,9 @@ def test_default_project_passes_its_own_tests(default_project):
 def test_non_default_project_passes_its_own_tests(tmp_path):
     # The multi-process tests set their own logger and hardware, which these answers do not change
     # (the default project runs them); FSDP2's sharding follows the backbone, so it runs here too.
-    # The servers' tests use none of these answers either.
-    run_project_tests(render(tmp_path, **NON_DEFAULT), "-k", "(not test_distributed or fsdp2) and not server")
+    # The servers' tests and the sweeps' and cross-validation's process tests use none of these answers either.
+    skipped = "(not test_distributed or fsdp2) and not server and not parallel_experiments"
+    run_project_tests(render(tmp_path, **NON_DEFAULT), "-k", skipped)
 
 
 @pytest.mark.slow

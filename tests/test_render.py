@@ -24,12 +24,14 @@ MODULES = [
     "classify",
     "cli",
     "consolidate",
+    "crossval",
     "csv_logging",
     "curves",
     "data",
     "doctor",
     "ema",
     "errors",
+    "experiment_runs",
     "export",
     "hardware",
     "hardware_rules",
@@ -46,25 +48,28 @@ MODULES = [
     "resume",
     "run_folders",
     "sampling",
+    "search_space",
     "serve",
     "shapes",
     "shard",
     "sharding",
     "smoke_test",
     "streaming",
+    "sweep",
     "timm_backbones",
     "transforms",
     "tune",
     "tuned_config",
 ]
 DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development", "streaming"]
-DOCS += ["serving"]
+DOCS += ["serving", "experiments"]
 TESTS = [
     "conftest",
     "helper_callbacks",
     "test_benchmark",
     "test_classify",
     "test_cli",
+    "test_crossval",
     "test_data",
     "test_distributed",
     "test_docs",
@@ -75,6 +80,7 @@ TESTS = [
     "test_make_env",
     "test_metrics",
     "test_model",
+    "test_parallel_experiments",
     "test_presets",
     "test_progress",
     "test_recipes",
@@ -87,6 +93,7 @@ TESTS = [
     "test_sharding",
     "test_smoke_test",
     "test_streaming",
+    "test_sweep",
     "test_timm",
     "test_transforms",
     "test_tune",
@@ -107,8 +114,10 @@ def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
         *(f"docs/{name}.md" for name in DOCS),
         "pyproject.toml",
         "configs/default.yaml",
+        "configs/sweep.yaml",
         "scripts/torchrun.sh",
         "scripts/slurm.sbatch",
+        "scripts/sweep.sbatch",
         "scripts/make_env.py",
         *(f"configs/trainer/{name}.yaml" for name in PRESETS),
         "configs/recipe/scratch.yaml",
@@ -189,7 +198,7 @@ def test_render(tmp_path, answers):
     assert rendered.strategy == judged.strategy
     assert (rendered.accelerator, rendered.precision, rendered.device_count) == (
         judged.accelerator, judged.precision, judged.device_count)  # fmt: skip
-    for executable in ("scripts/torchrun.sh", "scripts/slurm.sbatch"):
+    for executable in ("scripts/torchrun.sh", "scripts/slurm.sbatch", "scripts/sweep.sbatch"):
         assert os.access(project / executable, os.X_OK), f"{executable} lost its executable bit"
     logger_class = {"wandb": "WandbLogger", "tensorboard": "TensorBoardLogger", "csv": "CSVLogger"}
     assert trainer["logger"]["class_path"].endswith(logger_class[answers["logger"]])

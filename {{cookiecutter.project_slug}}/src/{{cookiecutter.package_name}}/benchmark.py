@@ -57,7 +57,7 @@ def benchmark_data(cli_args: list[str], batches: int) -> None:
             best = workers
         elif workers >= 2:  # more workers stopped paying (one can lose to none where two win)
             break
-    update_tuned_config("data", "num_workers", best, f"benchmark data, {speeds[best]:.0f} images/s per device")
+    update_tuned_config("data.num_workers", best, f"benchmark data, {speeds[best]:.0f} images/s per device")
     print(f"Best: num_workers {best} ({speeds[best]:.0f} images/s). Written to {TUNED_CONFIG}:")
     print(f"  python -m {{ cookiecutter.package_name }} fit --config {TUNED_CONFIG}")
 

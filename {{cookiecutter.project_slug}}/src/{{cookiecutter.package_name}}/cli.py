@@ -20,7 +20,11 @@ import torch
 import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+{%- if cookiecutter.logger == "wandb" %}
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+{%- else %}
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+{%- endif %}
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks import EndWithLauncher
@@ -40,19 +44,29 @@ from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 # command line come after both and win (--config configs/trainer/fsdp.yaml switches the hardware).
 DEFAULT_CONFIGS = [Path("configs/trainer/{{ cookiecutter.__trainer_preset }}.yaml"), Path("configs/default.yaml")]
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# What writes a run's config.yaml.
+{%- if cookiecutter.logger == "wandb" %}
+SAVE_CONFIG = SaveConfigToRun
+{%- else %}
+SAVE_CONFIG = SaveConfigCallback
+{%- endif %}
 # The command line being run.
 GIVEN: list[str] = []
 # This project's commands beside LightningCLI's fit, validate, test and predict: the module of each,
-# whose main(argv) -> int runs it. Imported only when its command runs, so `fit` loads none of them.
+# whose main(argv) -> int runs it (or module:function). Imported only when its command runs, so
+# `fit` loads none of them.
 TOOLS = {
     "benchmark": "benchmark",
     "classify": "classify",
     "consolidate": "consolidate",
+    "cv": "crossval",
     "doctor": "doctor",
     "export": "export",
+    "repeat": "crossval:repeat",
     "report": "curves",
     "serve": "serve",
     "shard": "shard",
+    "sweep": "sweep",
     "tune": "tune",
 }
 
@@ -208,14 +222,20 @@ class ClassifierCLI(LightningCLI):
     before_fit = before_validate = before_test = before_predict = check_run
 
 
-def build(cli_args: list[str]) -> ClassifierCLI:
-    """The model, data and trainer that `fit` would build from the same configuration and options."""
+def build(cli_args: list[str], keep_config: bool = False) -> ClassifierCLI:
+    """The model, data and trainer that `fit` would build from the same configuration and options.
+    `keep_config`: training writes the run's config.yaml, as `fit` does (a measurement is no run to
+    reproduce; a sweep's trial is)."""
     configs = [arg for path in DEFAULT_CONFIGS if path.is_file() for arg in ("--config", str(path))]
     with warnings.catch_warnings():  # the options are in sys.argv too, behind the tool's own command
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        # No config.yaml: a measurement is not a run to reproduce.
         return ClassifierCLI(
-            ImageClassifier, ImageDataModule, save_config_callback=None, run=False, args=[*configs, *cli_args]
+            ImageClassifier,
+            ImageDataModule,
+            save_config_callback=SAVE_CONFIG if keep_config else None,
+            save_config_kwargs={"overwrite": True},
+            run=False,
+            args=[*configs, *cli_args],
         )
 
 
@@ -249,7 +269,8 @@ def main(args: list[str] | None = None) -> None:
 def run_command(command: list[str], args: list[str] | None) -> None:
     GIVEN[:] = command  # for the messages of parse errors, which see no arguments
     if command[:1] and command[0] in TOOLS:
-        sys.exit(importlib.import_module(f".{TOOLS[command[0]]}", __package__).main(command[1:]))
+        module, _, function = TOOLS[command[0]].partition(":")
+        sys.exit(getattr(importlib.import_module(f".{module}", __package__), function or "main")(command[1:]))
     defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())
@@ -262,9 +283,7 @@ def run_cli(defaults: list[str], args: list[str] | None) -> None:
         ImageClassifier,
         ImageDataModule,
         parser_kwargs={command: {"default_config_files": defaults} for command in SUBCOMMANDS},
-{%- if cookiecutter.logger == "wandb" %}
-        save_config_callback=SaveConfigToRun,
-{%- endif %}
+        save_config_callback=SAVE_CONFIG,
         # A resumed run writes its config.yaml again, into its own folder.
         save_config_kwargs={"overwrite": True},
         args=args,

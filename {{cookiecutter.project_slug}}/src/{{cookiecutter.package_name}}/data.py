@@ -28,7 +28,9 @@ class ImageDataModule(L.LightningDataModule):
     or the same sharded into LitData's streaming chunks by the `shard` command (format "streaming").
 
     With one set of class folders (or `train/` without `val/`), a seeded split stratified by class
-    holds out `val_fraction` of each class for validation.
+    holds out `val_fraction` of each class for validation. With `num_folds`, the training images (all
+    of them, or train/'s) are cut into that many seeded folds stratified by class instead, and `fold`
+    is validated on: cross-validation (the `cv` command); a val/ folder is then left unused.
 
     Args:
         data_dir: The image folder; with format "streaming", the folder or URL (s3://...) `shard` wrote.
@@ -44,7 +46,10 @@ class ImageDataModule(L.LightningDataModule):
         num_workers: Data loading processes per device; "auto" picks from the CPUs per device.
         image_size: Side in pixels of the square images the model sees.
         val_fraction: Share of each class held out for validation when there is no `val/` folder.
-        split_seed: Seed of that split; keep it fixed so validation images never leak into training.
+        split_seed: Seed of that split (or of the folds); keep it fixed so validation images never
+            leak into training.
+        num_folds: Cross-validation: cut the training images into this many folds (2 or more).
+        fold: Cross-validation: the fold validated on, from 0 to num_folds - 1.
         augment: Training augmentation: "basic" (random crop and the flips below), "trivialaugment",
             "randaugment" or "autoaugment" (basic, then that policy's colour and geometry changes, as
             in torchvision's reference recipes), or "none" (the evaluation resize and crop only).
@@ -90,6 +95,8 @@ class ImageDataModule(L.LightningDataModule):
         image_size: int = {{ cookiecutter.image_size }},
         val_fraction: float = 0.2,
         split_seed: int = 0,
+        num_folds: int | None = None,
+        fold: int = 0,
         augment: Augment = "basic",
         hflip: bool = True,
         vflip: bool = False,
@@ -118,6 +125,12 @@ class ImageDataModule(L.LightningDataModule):
             raise ConfigError(f"data.min_crop_scale must be above 0 and at most 1, got {min_crop_scale}")
         if not 0 <= random_erasing <= 1:
             raise ConfigError(f"data.random_erasing must be a probability (0 to 1), got {random_erasing}")
+        if num_folds is not None and not (num_folds >= 2 and 0 <= fold < num_folds):
+            raise ConfigError(
+                f"data.num_folds must be 2 or more and data.fold from 0 to num_folds - 1, got {num_folds} and {fold}"
+            )
+        if num_folds is not None and format == "streaming":
+            raise ConfigError("data.num_folds works with data.format folder: `shard` fixes the streaming splits.")
         if format == "streaming" and balanced_sampling:
             raise ConfigError("data.balanced_sampling works with data.format folder; streaming reads each image once.")
         self.save_hyperparameters()
@@ -174,7 +187,11 @@ class ImageDataModule(L.LightningDataModule):
             rank_zero_warn(warning)
 
     def _setup_folders(self, classes: list[str]) -> None:
-        splits = split_samples(self.data_dir, classes, self.hparams.val_fraction, self.hparams.split_seed)
+        options = self.hparams
+        if options.num_folds is None:
+            splits = split_samples(self.data_dir, classes, options.val_fraction, options.split_seed)
+        else:
+            splits = fold_samples(self.data_dir, classes, options.num_folds, options.fold, options.split_seed)
         # Each split gets its own dataset object and transform, so augmentation never leaks into
         # validation (the bug of setting a transform on a dataset that two Subsets share).
         skip = self.hparams.bad_images == "skip"
@@ -437,6 +454,23 @@ def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split
     return splits
 
 
+def fold_samples(data_dir: Path, classes: list[str], num_folds: int, fold: int, split_seed: int) -> dict[str, list]:
+    """The (path, label) pairs of the training images outside `fold` and inside it, as train and val
+    (and test/ when there is one)."""
+    train_dir, test_dir = train_folder(data_dir), data_dir / "test"
+    samples = find_images(train_dir, classes)
+    if len(samples) < num_folds:
+        raise DataError(f"{train_dir} has {len(samples)} images: too few for {num_folds} folds.")
+    folds = stratified_folds([label for _, label in samples], num_folds, split_seed)
+    splits = {
+        "train": [sample for sample, k in zip(samples, folds, strict=True) if k != fold],
+        "val": [sample for sample, k in zip(samples, folds, strict=True) if k == fold],
+    }
+    if test_dir.is_dir():
+        splits["test"] = find_images(test_dir, classes)
+    return splits
+
+
 class TooFewClassesError(DataError):
     """A data folder with fewer than two class folders."""
 
@@ -504,3 +538,19 @@ def stratified_split(labels: list[int], val_fraction: float, seed: int) -> tuple
         val += order[:n_val]
         train += order[n_val:]
     return sorted(train), sorted(val)
+
+
+def stratified_folds(labels: list[int], num_folds: int, seed: int) -> list[int]:
+    """The fold of each image: each class shuffled (seeded) and dealt round the folds, each class
+    starting where the previous one stopped, so fold sizes differ by one image at most."""
+    generator = torch.Generator().manual_seed(seed)
+    by_class: dict[int, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_class.setdefault(label, []).append(index)
+    folds, dealt = [0] * len(labels), 0
+    for label in sorted(by_class):
+        indices = by_class[label]
+        for index in torch.randperm(len(indices), generator=generator).tolist():
+            folds[indices[index]] = dealt % num_folds
+            dealt += 1
+    return folds

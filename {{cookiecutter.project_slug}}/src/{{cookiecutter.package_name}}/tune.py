@@ -104,7 +104,7 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
             print(f"The current model.lr trains better: nothing written (range test curve: {LR_CURVE}).")
             return 1
         how += f", then a val/loss of {loss:.4f} after {epochs} epochs against {loss_now:.4f} at {now:.3g}"
-    update_tuned_config("model", "lr", lr, how)
+    update_tuned_config("model.lr", lr, how)
     print(f"Learning rate: model.lr {lr:.3g} at base batch {model.hparams.base_batch_size}, {where}; curve: {LR_CURVE}")
     print(f"Written to {TUNED_CONFIG}: python -m {{ cookiecutter.package_name }} fit --config {TUNED_CONFIG}")
     return 0
@@ -153,7 +153,7 @@ def find_batch_size(cli, max_trials: int) -> int:
         model, datamodule=data, mode="power", init_val=data.batch_size, max_trials=doublings + 1
     )
     update_tuned_config(
-        "data", "batch_size", int(found), f"Tuner.scale_batch_size, at most {doublings} doublings (to {cap} images)"
+        "data.batch_size", int(found), f"Tuner.scale_batch_size, at most {doublings} doublings (to {cap} images)"
     )
     print(
         f"Batch size: {found} per device, the largest of at most {doublings} doublings that fit "

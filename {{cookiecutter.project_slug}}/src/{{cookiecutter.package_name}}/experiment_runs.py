@@ -1,0 +1,119 @@
+"""What `sweep`, `cv` and `repeat` share: a `fit` run in a folder of its own, in this process; the
+metric the checkpoints monitor; and copies of the command, one per GPU."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from .cli import build, resolved_config
+from .errors import ConfigError
+
+# In the copies that --gpus-per-trial starts: each is one of them, and starts none.
+WORKER_VARIABLE = "{{ cookiecutter.package_name | upper }}_EXPERIMENT_WORKER"
+
+
+def option(key: str, value) -> str:
+    """`--key=value` as the command line reads it back to the same value."""
+    text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
+    if text.endswith("\n..."):  # PyYAML's end of document after a lone scalar
+        text = text[: -len("\n...")]
+    return f"--{key}={text}"
+
+
+def monitored_metric(cli_args: list[str]) -> tuple[str, str]:
+    """The metric and mode ("max" or "min") of the configured ModelCheckpoint that keeps the best
+    checkpoint: what a sweep optimises and its pruner watches, and what `cv` reads the best epoch by."""
+    for callback in resolved_config(cli_args)["trainer"].get("callbacks") or []:
+        arguments = callback.get("init_args") or {}
+        if str(callback.get("class_path", "")).endswith("ModelCheckpoint") and arguments.get("monitor"):
+            return arguments["monitor"], arguments.get("mode", "min")
+    raise ConfigError(
+        "No ModelCheckpoint in the config monitors a metric, and sweeps and cross-validation compare runs by "
+        "it: keep the one of configs/default.yaml (monitor: val/acc)."
+    )
+
+
+def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = None) -> dict[str, float]:
+    """Train as `fit` does, with its logs, config.yaml and checkpoints under `folder`, on one device
+    in this process (a launcher of more would start this command again in each). The validation
+    metrics of the best checkpoint."""
+    one_device = ["--trainer.devices=1", "--trainer.num_nodes=1", f"--trainer.logger.init_args.save_dir={folder}"]
+    cli = build([*cli_args, *one_device], keep_config=True)
+    trainer, added = cli.trainer, callbacks or []
+    trainer.callbacks.extend(added)
+    try:
+        trainer.fit(cli.model, datamodule=cli.datamodule)
+        trainer.callbacks = [callback for callback in trainer.callbacks if callback not in added]  # fit's alone
+        best = next(callback for callback in trainer.checkpoint_callbacks if callback.monitor)
+        if not best.best_model_path:
+            raise ConfigError(f"The run in {folder} validated no epoch, so it has no best checkpoint to compare.")
+        (metrics,) = trainer.validate(
+            cli.model, datamodule=cli.datamodule, ckpt_path=best.best_model_path, verbose=False
+        )
+        return {name: float(value) for name, value in metrics.items()}
+    finally:
+        del cli
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (or their indices)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [name for name in listed.split(",") if name.strip()]
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+def run_per_gpu(command: str, args: list[str], gpus: list[str]) -> int:
+    """Run `python -m <package> command args` once per GPU, each copy seeing only its GPU; the
+    worst exit status. SIGTERM and Ctrl+C are passed on to every copy, which end their runs cleanly."""
+    if not gpus:
+        raise ConfigError(
+            "--gpus-per-trial 1 runs one copy per GPU, and none is visible: leave it out to run on the CPU."
+        )
+    module = [sys.executable, "-m", __package__, command, *args]
+    copies = [
+        subprocess.Popen(
+            module, env=os.environ | {"CUDA_VISIBLE_DEVICES": gpu, WORKER_VARIABLE: f"{index}/{len(gpus)}"}
+        )
+        for index, gpu in enumerate(gpus)
+    ]
+    print(f"{command}: {len(copies)} processes, one on each GPU ({', '.join(gpus)})", flush=True)
+
+    def pass_on(signum: int, frame) -> None:
+        for copy in copies:
+            copy.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        statuses = [copy.wait() for copy in copies]
+        # A copy ended by a signal has status -signal: the shell's 128 + signal.
+        return max(128 - status if status < 0 else status for status in statuses)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def worker_part() -> tuple[int, int]:
+    """(this copy's index, copies) when run_per_gpu started this process, else (0, 1)."""
+    index, count = os.environ.get(WORKER_VARIABLE, "0/1").split("/")
+    return int(index), int(count)
+
+
+def without_option(args: list[str], name: str) -> list[str]:
+    """`args` less the option `name` and its value (`--name=value` or `--name value`)."""
+    kept, skip = [], False
+    for arg in args:
+        if skip or arg == name or arg.startswith(f"{name}="):
+            skip = arg == name
+            continue
+        kept.append(arg)
+    return kept

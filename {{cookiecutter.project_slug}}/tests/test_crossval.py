@@ -1,0 +1,79 @@
+"""Stratified folds (data.num_folds, data.fold) and `repeat`: runs that differ only in the seed,
+summed up as mean ± std. (`cv` over processes: test_parallel_experiments.py.)"""
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ON_CPU, on_data, refusal, run_command
+
+from {{ cookiecutter.package_name }}.data import ImageDataModule, stratified_folds
+
+SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
+
+
+def test_stratified_folds_are_disjoint_cover_every_image_and_split_each_class_evenly():
+    labels = [0] * 7 + [1] * 5 + [2] * 3 + [3] * 1
+    folds = stratified_folds(labels, 3, seed=0)
+    assert len(folds) == len(labels) and set(folds) == {0, 1, 2}  # each image in exactly one fold
+    sizes = Counter(folds).values()
+    assert max(sizes) - min(sizes) <= 1  # 16 images: 6, 5, 5
+    for label in set(labels):
+        per_fold = Counter(fold for fold, own in zip(folds, labels, strict=True) if own == label)
+        counts = [per_fold.get(fold, 0) for fold in range(3)]
+        assert max(counts) - min(counts) <= 1, (label, counts)  # 7 images of class 0: 3, 2, 2 in some order
+    assert stratified_folds(labels, 3, seed=0) == folds and stratified_folds(labels, 3, seed=1) != folds
+
+
+def test_each_fold_validates_on_its_share_and_trains_on_the_rest(tiny_shapes):
+    sets = []
+    for fold in range(3):
+        data = ImageDataModule(tiny_shapes, num_folds=3, fold=fold, num_workers=0)
+        data.setup("fit")
+        train, val = (set(dataset.samples) for dataset in (data.train_set, data.val_set))
+        assert not train & val
+        sets.append((train, val))
+    everything = sets[0][0] | sets[0][1]
+    assert all(train | val == everything for train, val in sets)
+    validated = [val for _, val in sets]
+    assert sum(len(val) for val in validated) == len(everything) and set().union(*validated) == everything
+    # The folds cut train/ only: val/ stays held out.
+    assert all(Path(path).parent.parent.name == "train" for path, _ in everything)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--data.num_folds=1"], "data.num_folds must be 2 or more"),
+        (["--data.num_folds=3", "--data.fold=3"], "data.fold from 0 to num_folds - 1, got 3 and 3"),
+        (["--data.num_folds=3", "--data.format=streaming"], "data.num_folds works with data.format folder"),
+    ],
+)
+def test_impossible_folds_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, named):
+    assert named in refusal(monkeypatch, capsys, "fit", *ON_CPU, *on_data(tiny_shapes), *options)
+
+
+def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    options = [*ON_CPU, *on_data(tiny_shapes), *SHORT]
+    run_command(monkeypatch, "repeat", "--seeds=0,1", *options)
+    folder = Path("cv/seeds2")
+    results = {}
+    for seed in (0, 1):
+        (config,) = (folder / f"seed{seed}").glob("**/config.yaml")
+        assert yaml.safe_load(config.read_text())["seed_everything"] == seed
+        results[seed] = json.loads((folder / f"seed{seed}" / "metrics.json").read_text())
+    accuracies = [results[seed]["val/acc"] for seed in (0, 1)]
+    mean, std = sum(accuracies) / 2, abs(accuracies[0] - accuracies[1]) / math.sqrt(2)  # sample std of two
+    summary = (folder / "summary.md").read_text()
+    assert f"{mean:.4f} ± {std:.4f}" in summary, summary
+    assert (folder / "summary.png").stat().st_size
+    # Again: both runs are kept, none trained.
+    capsys.readouterr()
+    run_command(monkeypatch, "repeat", "--seeds=0,1", *options)
+    assert capsys.readouterr().out.count("kept from an earlier call") == 2
+    # With other options, the runs kept are not the same experiment.
+    message = refusal(monkeypatch, capsys, "repeat", "--seeds=0,1", *options, "--model.lr=0.01")
+    assert "cv/seeds2 holds runs trained with other options" in message and "--name" in message

@@ -1,0 +1,124 @@
+"""`sweep`: trials that train for real, each in its folder; pruning; the best options in
+configs/tuned.yaml; search spaces checked before any trial. (Processes sharing a study:
+test_parallel_experiments.py.)"""
+
+import re
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from conftest import ON_CPU, on_data, refusal, run_command
+from optuna.distributions import CategoricalDistribution
+from optuna.storages.journal import JournalFileBackend, JournalStorage
+from optuna.trial import TrialState
+
+# A few steps per epoch, and no progress bar in the test's output.
+SHORT = ["--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false"]
+
+
+def sweep_options(data: Path, *more: str) -> list[str]:
+    return [*ON_CPU, *on_data(data), *SHORT, *more]
+
+
+def study(name: str) -> optuna.Study:
+    storage = JournalStorage(JournalFileBackend(str(Path("sweeps", name, "journal.log"))))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def best_checkpoint_acc(folder: Path) -> float:
+    """val/acc of the trial's best checkpoint, as its file name records it (acc0.1234)."""
+    (best,) = [path for path in folder.glob("**/checkpoints/*.ckpt") if path.stem != "last"]
+    return float(re.search(r"acc(\d\.\d{4})", best.name).group(1))
+
+
+def test_a_sweep_trains_each_trial_in_its_folder_and_keeps_the_best_options(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    Path("space.yaml").write_text("model.lr: {low: 1e-4, high: 1.0e-2, log: true}\ndata.augment: [basic, none]\n")
+    run_command(monkeypatch, "sweep", "space.yaml", "--trials=2", "--pruner=none",
+                *sweep_options(tiny_shapes, "--trainer.max_epochs=2"))  # fmt: skip
+    trials = study("space").trials
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 2
+    for trial in trials:
+        folder = Path(trial.user_attrs["folder"])
+        (config,) = folder.glob("**/config.yaml")
+        trained = yaml.safe_load(config.read_text())
+        # The trial trained with the options it was given, and its value is its best checkpoint's metric.
+        assert trained["model"]["lr"] == pytest.approx(trial.params["model.lr"])
+        assert trained["data"]["augment"] == trial.params["data.augment"]
+        assert trial.value == pytest.approx(best_checkpoint_acc(folder), abs=5e-5)
+        assert sorted(trial.intermediate_values) == [0, 1]  # one report per epoch, none from the last validation
+    best = max(trials, key=lambda trial: trial.value)
+    tuned = yaml.safe_load(Path("configs/tuned.yaml").read_text())
+    assert tuned["model"]["lr"] == best.params["model.lr"] and tuned["data"]["augment"] == best.params["data.augment"]
+    summary = Path("sweeps/space/summary.md").read_text()
+    assert summary.count("| complete |") == 2
+    assert Path("sweeps/space/history.png").stat().st_size and Path("sweeps/space/importances.png").stat().st_size
+    # fit with the tuned file trains with them.
+    capsys.readouterr()
+    run_command(monkeypatch, "fit", "--config=configs/tuned.yaml", "--print_config")
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["lr"] == best.params["model.lr"]
+
+
+def test_a_trial_behind_the_median_is_pruned_after_its_first_epoch(monkeypatch, in_project_copy, tiny_shapes):
+    # A finished trial that scored 1.0 at every epoch: a new trial's first epoch falls below it.
+    Path("sweeps/pruned").mkdir(parents=True)
+    storage = JournalStorage(JournalFileBackend("sweeps/pruned/journal.log"))
+    earlier = optuna.create_study(study_name="pruned", storage=storage, direction="maximize")
+    lr = CategoricalDistribution([0.003])
+    earlier.add_trial(optuna.trial.create_trial(params={"model.lr": 0.003}, distributions={"model.lr": lr}, value=1.0,
+                                                intermediate_values={0: 1.0, 1: 1.0, 2: 1.0}))  # fmt: skip
+    Path("space.yaml").write_text("model.lr: [0.003]\n")
+    run_command(monkeypatch, "sweep", "space.yaml", "--study=pruned", "--trials=2", "--prune-after-trials=1",
+                "--prune-after-epochs=0", *sweep_options(tiny_shapes, "--trainer.max_epochs=3"))  # fmt: skip
+    pruned = study("pruned").trials[1]
+    assert pruned.state == TrialState.PRUNED
+    # It reported its first epoch's val/acc and went no further, where max_epochs allowed three.
+    assert list(pruned.intermediate_values) == [0] and pruned.intermediate_values[0] < 1.0
+
+
+def test_a_diverging_trial_counts_as_pruned_and_the_sweep_writes_nothing(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    Path("space.yaml").write_text("model.lr: [0.001]\n")
+    # Images divided by a std of 1e-38 reach float32's largest values: the loss is not finite.
+    exploding = ["--trainer.max_epochs=1", "--data.std=[1.0e-38,1.0e-38,1.0e-38]"]
+    run_command(monkeypatch, "sweep", "space.yaml", "--trials=1", *sweep_options(tiny_shapes, *exploding), status=1)
+    (trial,) = study("space").trials
+    assert trial.state == TrialState.PRUNED
+    assert "Trial 0 diverged" in capsys.readouterr().out
+    assert not Path("configs/tuned.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("space", "named"),
+    [
+        (
+            "model.lrr: {low: 0.001, high: 0.1}\n",
+            "model.lrr is no fit option (or a group of them): did you mean model.lr",
+        ),
+        ("model: {low: 0.001, high: 0.1}\n", "model is no fit option (or a group of them)"),
+        ("model.lr: {low: 0.1, high: 0.001}\n", "model.lr: low (0.1) must be below high (0.001)"),
+        ("model.lr: {low: 0, high: 0.1, log: true}\n", "model.lr: a log range needs low above 0"),
+        ("model.lr: {low: 0.001, hi: 0.1}\n", "model.lr: {'low': 0.001, 'hi': 0.1} is no search range"),
+        ("model.lr: 0.01\n", "model.lr: 0.01 is no search range"),
+        ("data.augment: [basic, bogus]\n", "--data.augment"),
+        ("data.batch_size: {low: 8.5, high: 64}\n", "--data.batch_size"),
+        ("- model.lr\n", "must map fit options"),
+        ("model.lr: [0.1\n", "is not valid YAML"),
+    ],
+)
+def test_a_bad_search_space_is_refused_in_one_line_naming_the_key(monkeypatch, capsys, in_project_copy, space, named):
+    Path("space.yaml").write_text(space)
+    message = refusal(monkeypatch, capsys, "sweep", "space.yaml", *ON_CPU)
+    assert message.startswith("error: space.yaml") and named in message, message
+    assert not Path("sweeps").exists()  # refused before any trial
+
+
+def test_a_missing_search_space_and_no_gpu_are_refused(monkeypatch, capsys, in_project_copy):
+    assert "No search space at nothing.yaml" in refusal(monkeypatch, capsys, "sweep", "nothing.yaml", *ON_CPU)
+    Path("space.yaml").write_text("model.lr: [0.001]\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    message = refusal(monkeypatch, capsys, "sweep", "space.yaml", "--gpus-per-trial=1", *ON_CPU)
+    assert "none is visible" in message
