@@ -13,6 +13,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
+from {{ cookiecutter.package_name }}.search_space import read_search_space
+
 # A few steps per epoch, and no progress bar in the test's output.
 SHORT = ["--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false"]
 
@@ -114,6 +116,11 @@ def test_a_bad_search_space_is_refused_in_one_line_naming_the_key(monkeypatch, c
     message = refusal(monkeypatch, capsys, "sweep", "space.yaml", *ON_CPU)
     assert message.startswith("error: space.yaml") and named in message, message
     assert not Path("sweeps").exists()  # refused before any trial
+
+
+def test_the_projects_search_space_is_valid(in_project_copy):
+    distributions = read_search_space(Path("configs/sweep.yaml"), ON_CPU)
+    assert {"model.lr", "data.augment"} <= distributions.keys()
 
 
 def test_a_missing_search_space_and_no_gpu_are_refused(monkeypatch, capsys, in_project_copy):
