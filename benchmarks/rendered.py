@@ -9,10 +9,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def render_project(out: Path, *answers: str) -> Path:
     """The template rendered into `out`, with `answers` ("image_size=224", ...); returns the project's src folder."""
-    cookiecutter = Path(sys.executable).with_name("cookiecutter")
-    subprocess.run(
-        [cookiecutter, "--no-input", ROOT, "-o", out, "setup_env=none", "smoke_test=no", "logger=csv", *answers],
-        check=True,
-        capture_output=True,
-    )
+    # As a module: where cookiecutter was installed with --target (the GPU validation), no script stands beside Python.
+    quiet = ["setup_env=none", "smoke_test=no", "logger=csv"]
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", ROOT, "-o", out, *quiet, *answers]
+    subprocess.run(command, check=True, capture_output=True)
     return out / "image-classifier" / "src"

@@ -209,17 +209,6 @@ def test_current_python_runs_the_smoke_test(tmp_path):
 
 
 @pytest.mark.slow
-def test_missing_gpu_falls_back_to_cpu_and_says_so(tmp_path):
-    env = {FORCE: "1", "WANDB_MODE": "offline", "CUDA_VISIBLE_DEVICES": ""}
-    result = generate(tmp_path, env, setup_env="current", smoke_test="yes", accelerator="gpu", precision="16-mixed")
-    assert "smoke test passed" in result.stdout, result.stdout
-    assert (
-        "FALLBACK: accelerator gpu, but no CUDA GPU is visible: the smoke test runs on accelerator cpu, devices 1, "
-        "strategy auto, precision 32-true instead." in result.stdout
-    )
-
-
-@pytest.mark.slow
 def test_failed_smoke_test_keeps_the_project_and_points_at_the_log(tmp_path):
     env = {FORCE: "1", "WANDB_MODE": "offline"}
     # A ViT takes its own image size only, which generation does not check: the first fit does.

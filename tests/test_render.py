@@ -76,6 +76,7 @@ TESTS = [
     "test_doctor",
     "test_errors",
     "test_export",
+    "test_gpu",
     "test_hardware_rules",
     "test_make_env",
     "test_metrics",

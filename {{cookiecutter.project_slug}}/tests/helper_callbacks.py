@@ -58,8 +58,9 @@ class FailOnRank(L.Callback):
 
 
 class RecordProcess(L.Callback):
-    """Write what one process of a run saw to `<folder>/rank<N>.json`: its place in the job, the
-    training samples its sampler gave it, its first training batch and the validation metrics."""
+    """Write what one process of a run saw to `<folder>/rank<N>.json`: its place in the job, where it
+    trained (device, strategy, precision, the step it started from), the training samples its
+    sampler gave it, its first training batch and the validation metrics."""
 
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
@@ -71,8 +72,13 @@ class RecordProcess(L.Callback):
             "global_rank": trainer.global_rank,
             "node_rank": trainer.node_rank,
             "local_rank": trainer.local_rank,
-            "environment": type(trainer.strategy.cluster_environment).__name__,
+            "environment": type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
             "train_indices": list(trainer.train_dataloader.sampler),
+            "device": str(pl_module.device),
+            "strategy": type(trainer.strategy).__name__,
+            "precision": trainer.precision,
+            "loss_scaler": getattr(trainer.precision_plugin, "scaler", None) is not None,
+            "start_step": trainer.global_step,
         }
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:

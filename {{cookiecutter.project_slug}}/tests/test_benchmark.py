@@ -23,6 +23,22 @@ def test_data_benchmark_writes_the_fastest_worker_count(monkeypatch, capsys, in_
     assert yaml.safe_load(capsys.readouterr().out)["data"]["num_workers"] == tuned["data"]["num_workers"]
 
 
+def test_data_benchmark_times_the_worker_counts_asked_for(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    # Every count asked for is timed, even when more workers stopped paying (0 then 1 here would stop the sweep).
+    run_command(monkeypatch, "benchmark", "data", "--batches=2", "--workers=2,0,1", *ON_CPU, *on_data(tiny_shapes))
+    measured = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(workers) for workers, _ in measured] == [2, 0, 1]
+    tuned = yaml.safe_load((in_project_copy / "configs" / "tuned.yaml").read_text())
+    assert tuned["data"]["num_workers"] in {0, 1, 2}
+
+
+def test_a_bad_worker_list_is_refused_before_any_work(monkeypatch, capsys, in_project_copy):
+    run_command(monkeypatch, "benchmark", "data", "--workers=4,x", status=2)
+    refused = capsys.readouterr().err
+    assert "argument --workers: worker counts are whole numbers separated by commas, got '4,x'" in refused
+    assert not (in_project_copy / "data").exists()
+
+
 def test_train_benchmark_reports_images_per_second(monkeypatch, capsys, in_project_copy, tiny_shapes):
     run_command(monkeypatch, "benchmark", "train", "--steps=2", "--warmup=1", *ON_CPU, *on_data(tiny_shapes),
             "--data.num_workers=0")  # fmt: skip

@@ -3,6 +3,7 @@ import sys
 from collections import namedtuple
 
 import pytest
+from conftest import command_env, run_group
 
 from {{ cookiecutter.package_name }} import doctor
 from {{ cookiecutter.package_name }}.cli import main, resolved_config
@@ -97,3 +98,15 @@ def test_a_config_that_does_not_parse_is_one_error_line(monkeypatch, capsys, in_
     with pytest.raises(SystemExit) as stopped:
         main()
     assert str(stopped.value.code).startswith("error: ") and "data.batch_size" in str(stopped.value.code)
+
+
+def test_a_deepspeed_preset_is_read_whatever_deepspeed_logs_on_import(in_project_copy):
+    # DeepSpeed, imported while the configuration is read, logs a line to stdout ahead of it: in a
+    # fresh process, as a user's doctor runs, that line used to end doctor in a YAML traceback.
+    pytest.importorskip("deepspeed")
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "doctor", "--json",
+               "--config=configs/trainer/deepspeed_stage2.yaml"]  # fmt: skip
+    done = run_group(command, 300, cwd=in_project_copy, env=command_env())
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["machine"]["deepspeed"] and report["checks"]

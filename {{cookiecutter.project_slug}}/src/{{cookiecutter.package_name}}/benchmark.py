@@ -39,7 +39,7 @@ def loader_speed(data: ImageDataModule, workers: int, batches: int) -> float:
     return images / (time.perf_counter() - started)
 
 
-def benchmark_data(cli_args: list[str], batches: int) -> None:
+def benchmark_data(cli_args: list[str], batches: int, counts: list[int] | None) -> None:
     cli = build(cli_args)
     data, devices = cli.datamodule, cli.trainer.num_devices
     data.prepare_data()
@@ -49,13 +49,13 @@ def benchmark_data(cli_args: list[str], batches: int) -> None:
     print(f"Data loading, batch size {data.batch_size}, {data.hparams.image_size} px, {cpus} CPUs per device")
     print(f"{'workers':>8}  {'images/s':>9}")
     speeds: dict[int, float] = {}
-    best = 0
-    for workers in [0, 1, *(2**power for power in range(1, 8) if 2**power <= cpus)]:
+    best = (counts or [0])[0]
+    for workers in counts or [0, 1, *(2**power for power in range(1, 8) if 2**power <= cpus)]:
         speeds[workers] = loader_speed(data, workers, batches)
         print(f"{workers:>8}  {speeds[workers]:>9.0f}")
         if speeds[workers] > speeds[best] * BETTER_BY:
             best = workers
-        elif workers >= 2:  # more workers stopped paying (one can lose to none where two win)
+        elif workers >= 2 and not counts:  # more workers stopped paying (one can lose to none where two win)
             break
     update_tuned_config("data.num_workers", best, f"benchmark data, {speeds[best]:.0f} images/s per device")
     print(f"Best: num_workers {best} ({speeds[best]:.0f} images/s). Written to {TUNED_CONFIG}:")
@@ -123,15 +123,30 @@ def benchmark_train(cli_args: list[str], steps: int, warmup: int) -> None:
         print("  MFU: needs an NVIDIA GPU whose peak FLOP/s Lightning knows")
 
 
+def worker_counts(text: str) -> list[int]:
+    try:
+        counts = [int(count) for count in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"worker counts are whole numbers separated by commas, got {text!r}") from None
+    if min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"worker counts are 0 or more, got {text}")
+    return counts
+
+
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} benchmark", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["data", "train"])
     parser.add_argument("--batches", type=int, default=30, help="data: batches timed per worker count")
+    parser.add_argument(
+        "--workers",
+        type=worker_counts,
+        help="data: the worker counts to time, as 0,4,8,16 (default: 0, 1, 2, 4, ... while more pay, up to the CPUs)",
+    )
     parser.add_argument("--steps", type=int, default=30, help="train: steps timed")
     parser.add_argument("--warmup", type=int, default=5, help="train: steps run before timing")
     options, cli_args = parser.parse_known_args(args)
     if options.what == "data":
-        benchmark_data(cli_args, options.batches)
+        benchmark_data(cli_args, options.batches, options.workers)
     else:
         benchmark_train(cli_args, options.steps, options.warmup)
     return 0

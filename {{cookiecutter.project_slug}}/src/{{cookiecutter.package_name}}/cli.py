@@ -239,6 +239,10 @@ def build(cli_args: list[str], keep_config: bool = False) -> ClassifierCLI:
         )
 
 
+# The first line of what --print_config prints.
+PRINTED_CONFIG_HEADER = "# lightning.pytorch=="
+
+
 def resolved_config(cli_args: list[str]) -> dict:
     """The configuration `fit` resolves from the default files and these options, as --print_config
     prints it, without building anything."""
@@ -250,7 +254,10 @@ def resolved_config(cli_args: list[str]) -> dict:
         except SystemExit as done:
             if done.code:
                 raise ConfigError(refused.getvalue().strip().removeprefix("error: ") or str(done.code)) from None
-    return yaml.safe_load(printed.getvalue())
+    # Libraries the configuration names may log to stdout as they are imported (DeepSpeed: "[<date>]
+    # [WARNING] ... Setting accelerator to CPU"): the configuration starts at Lightning's header line.
+    text = printed.getvalue()
+    return yaml.safe_load(text[max(0, text.find(PRINTED_CONFIG_HEADER)) :])
 
 
 def main(args: list[str] | None = None) -> None:
