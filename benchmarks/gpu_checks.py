@@ -1,11 +1,11 @@
 """What benchmarks/gpu_validation.py runs inside a rendered project's processes, with the project's
 src/ and this folder on PYTHONPATH: a callback that records a training run, the model alone on
 synthetic batches (the figure published anchors are measured on), a checkpoint's predictions
-against its ONNX export and against itself on the CPU, JPEGs to load, and `fit` options parsed.
+against its ONNX export and against itself on the CPU, images to train on, and `fit` options parsed.
 
     python gpu_checks.py model-alone --backbone resnet50 --image-size 224 --batch-size 256 [--device cuda]
     python gpu_checks.py predictions CHECKPOINT ONNX IMAGE_FOLDER [--device cuda]
-    python gpu_checks.py jpegs FOLDER [--per-class 300] [--size 256]
+    python gpu_checks.py images FOLDER [--per-class 100] [--copies 1] [--size 64] [--suffix png|jpg]
     python gpu_checks.py parse '{"run": ["--config=configs/trainer/fsdp1.yaml", ...], ...}'
 
 model-alone, predictions and parse print their figures (parse: each run's refusal, or null) as one JSON line.
@@ -13,6 +13,8 @@ model-alone, predictions and parse print their figures (parse: each run's refusa
 
 import argparse
 import json
+import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -110,11 +112,13 @@ def model_alone(
 
 def predictions(checkpoint: Path, onnx: Path, folder: Path, device: str, limit: int = 256) -> dict:
     """The checkpoint's probabilities on `device` against its ONNX export (on `device` where
-    onnxruntime has CUDA) and against the checkpoint on the CPU, on up to `limit` images of `folder`."""
+    onnxruntime has CUDA) and against the checkpoint on the CPU, on up to `limit` images of `folder`
+    spread over its classes."""
     import onnxruntime
     from image_classifier.predictor import Predictor
 
-    paths = sorted(path for path in folder.rglob("*") if path.suffix.lower() in {".png", ".jpg", ".jpeg"})[:limit]
+    paths = sorted(path for path in folder.rglob("*") if path.suffix.lower() in {".png", ".jpg", ".jpeg"})
+    paths = paths[:: max(1, len(paths) // limit)][:limit]
     on_cpu = Predictor(checkpoint).load("cpu")
     images = torch.stack([on_cpu.prepare(str(path)) for path in paths])
     onnx_device = device if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "cpu"
@@ -123,25 +127,30 @@ def predictions(checkpoint: Path, onnx: Path, folder: Path, device: str, limit: 
     cpu = on_cpu(images)
     return {
         "images": len(paths),
-        "onnx device": onnx_device,
-        "max diff onnx-pytorch": (exported - expected).abs().max().item(),
+        f"max diff onnx({onnx_device})-pytorch({device})": (exported - expected).abs().max().item(),
         "top-1 agree onnx": (exported.argmax(1) == expected.argmax(1)).float().mean().item(),
-        f"max diff {device}-cpu": (expected - cpu).abs().max().item(),
+        f"max diff pytorch({device})-pytorch(cpu)": (expected - cpu).abs().max().item(),
         f"top-1 agree {device}/cpu": (expected.argmax(1) == cpu.argmax(1)).float().mean().item(),
     }
 
 
-def write_jpegs(folder: Path, per_class: int, size: int) -> None:
-    """The built-in shapes drawn at `size` px, as JPEGs of quality 90 in class folders, as photo datasets are kept."""
+def draw_images(folder: Path, per_class: int, copies: int, size: int, suffix: str) -> None:
+    """The built-in shapes drawn at `size` px into train/ and val/ class folders, as PNG or as JPEG of
+    quality 90 (as photo datasets are kept), each training image linked `copies` times: enough
+    images for long runs, for the cost of drawing a few."""
     from image_classifier.shapes import draw_shapes_dataset
     from PIL import Image
 
     with tempfile.TemporaryDirectory() as tmp:
-        drawn = draw_shapes_dataset(Path(tmp) / "png", {"train": per_class, "val": 2}, size=size)
-        for png in drawn.rglob("*.png"):
-            target = folder / png.relative_to(drawn).with_suffix(".jpg")
+        drawn = draw_shapes_dataset(Path(tmp) / "drawn", {"train": per_class, "val": max(2, per_class // 20)}, size)
+        staging = Path(tmp) / "staging"
+        for image in drawn.rglob("*.png"):
+            target = staging / image.relative_to(drawn).with_suffix(f".{suffix}")
             target.parent.mkdir(parents=True, exist_ok=True)
-            Image.open(png).convert("RGB").save(target, quality=90)
+            Image.open(image).convert("RGB").save(target, quality=90)
+            for copy in range(1, copies if target.parts[-3] == "train" else 1):
+                os.link(target, target.with_name(f"{target.stem}-{copy}{target.suffix}"))
+        shutil.move(staging, folder)
 
 
 def parse(runs: dict[str, list[str]]) -> dict[str, str | None]:
@@ -177,13 +186,15 @@ def main() -> None:
     compared.add_argument("--device", default="cuda")
     parsed = commands.add_parser("parse")
     parsed.add_argument("runs", type=json.loads, help='{"name": ["--option=value", ...], ...}')
-    jpegs = commands.add_parser("jpegs")
-    jpegs.add_argument("folder", type=Path)
-    jpegs.add_argument("--per-class", type=int, default=300)
-    jpegs.add_argument("--size", type=int, default=256)
+    drawn = commands.add_parser("images")
+    drawn.add_argument("folder", type=Path)
+    drawn.add_argument("--per-class", type=int, default=100)
+    drawn.add_argument("--copies", type=int, default=1)
+    drawn.add_argument("--size", type=int, default=64)
+    drawn.add_argument("--suffix", choices=["png", "jpg"], default="png")
     options = parser.parse_args()
-    if options.command == "jpegs":
-        write_jpegs(options.folder, options.per_class, options.size)
+    if options.command == "images":
+        draw_images(options.folder, options.per_class, options.copies, options.size, options.suffix)
         return
     if options.command == "parse":
         print(json.dumps(parse(options.runs)))

@@ -105,8 +105,10 @@ def refusal(monkeypatch, capsys, *args: str) -> str:
 
 def command_env(**extra: str) -> dict[str, str]:
     """The environment of the project's commands in the tests: the package and tests/ (for the
-    callbacks in helper_callbacks.py) importable, W&B offline, processes meeting on 127.0.0.1."""
-    path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests")])
+    callbacks in helper_callbacks.py) importable, W&B offline, processes meeting on 127.0.0.1. The
+    PYTHONPATH the tests run with stays behind ours (packages installed into a folder of their own)."""
+    inherited_path = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    path = os.pathsep.join([str(PROJECT_ROOT / "src"), str(PROJECT_ROOT / "tests"), *inherited_path])
     # Not the W&B service of this test session (W&B puts its address in the environment): each
     # command starts its own, as a user's commands do, so a run id one command leaves is free for the next.
     inherited = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}

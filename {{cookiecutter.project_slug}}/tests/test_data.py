@@ -1,3 +1,4 @@
+import sys
 import threading
 import warnings
 from collections import Counter
@@ -7,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import on_data
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import data as data_module
+from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule, auto_workers, stratified_split
 from {{ cookiecutter.package_name }}.images import read_rgb
 from {{ cookiecutter.package_name }}.shapes import CLASSES
@@ -248,3 +251,11 @@ def test_batches_travel_as_uint8_and_become_normalised_floats_on_the_device(tiny
     mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
     assert normalised.dtype == torch.float32 and torch.allclose(normalised, (images / 255 - mean) / std, atol=1e-6)
     assert same_labels is labels
+
+
+def test_batches_take_the_precisions_input_type_once_they_are_floats(monkeypatch, in_project_copy, tiny_shapes):
+    # bf16-true (like DeepSpeed's bf16) holds the weights in bfloat16: a float32 batch stopped the first
+    # convolution ("Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the same").
+    args = ["fit", "--trainer.accelerator=cpu", "--trainer.precision=bf16-true", "--trainer.fast_dev_run=true"]
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args, *on_data(tiny_shapes)])
+    main()

@@ -302,7 +302,12 @@ class ImageDataModule(L.LightningDataModule):
         # Batches travel as uint8, a quarter of float32's bytes through worker shared memory and
         # the host-to-GPU copy, and become normalised floats on the device, where that is fastest.
         images, labels = batch
-        return self.preprocessing.normalize(images), labels
+        images = self.preprocessing.normalize(images)
+        if self.trainer is not None:
+            # Lightning casts float batches to the precision's input type before they move (bfloat16 for
+            # DeepSpeed's bf16 or bf16-true, whose weights are bfloat16): ours are floats only from here.
+            images = self.trainer.precision_plugin.convert_input(images)
+        return images, labels
 
     def state_dict(self) -> dict:
         # Saved in every checkpoint, so the label order and the preprocessing travel with the weights.
