@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from conftest import on_data
+from PIL import Image
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import data as data_module
