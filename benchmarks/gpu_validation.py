@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import gpu_wheels
+from rendered import render_project
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -200,19 +201,13 @@ class Validation:
 
     # --- the project and its data ---
 
-    def render(self, folder: Path, *answers: str) -> Path:
-        """The template rendered with accelerator=gpu into `folder` (once per machine)."""
-        project = folder / "image-classifier"
-        if not project.is_dir():
-            subprocess.run(
-                [sys.executable, "-m", "cookiecutter", "--no-input", ROOT, "-o", folder, "accelerator=gpu", *answers],
-                check=True, env=self.env() | {"LIGHTNING_TEMPLATE_SETUP": "0"}, capture_output=True,
-            )  # fmt: skip
-        return project
-
     def project(self) -> Path:
-        """The project the parts train: accelerator=gpu, CSV logs, no environment of its own."""
-        return self.render(self.work / "project", "logger=csv", "setup_env=none", "smoke_test=no")
+        """The project the parts train: accelerator=gpu, CSV logs, no environment of its own (rendered
+        once per machine, with the carried cookiecutter)."""
+        project = self.work / "project" / "image-classifier"
+        if not project.is_dir():
+            render_project(project.parent, "accelerator=gpu", env=self.env())
+        return project
 
     def images(self, name: str, per_class: int, copies: int, side: int, suffix: str) -> list[str]:
         """The options of a drawn data set of the built-in shapes (once per machine)."""
@@ -283,8 +278,9 @@ class Validation:
                                 [sys.executable, BENCHMARKS / "gpu_checks.py", "predictions", checkpoint, onnx, images,
                                  f"--device={s.device}"], project, project)  # fmt: skip
             compared.figures = last_json(compared.output)
-        tables = [self.work / f"classified-{index}-{where}.csv" for index, where in enumerate([s.device, "cpu"])]
-        for table, where in zip(tables, [s.device, "cpu"], strict=True):
+        devices = [s.device, "cpu"]
+        tables = [self.work / f"classified-{index}-{where}.csv" for index, where in enumerate(devices)]
+        for table, where in zip(tables, devices, strict=True):
             table.unlink(missing_ok=True)
             self.run(f"classify --device {where}", self.command("classify", images, "--checkpoint", checkpoint,
                                                                    "--device", where, "--output", table),

@@ -32,6 +32,8 @@ WHEELS = ROOT / ".whl"
 # What the validation needs beyond the machine's packages: the CLI's parser, the template's renderer,
 # the default logger and the DeepSpeed presets.
 NEEDED = ["jsonargparse[signatures]", "cookiecutter", "wandb", "deepspeed"]
+# Those that publish only their source.
+BUILT_FROM_SOURCE = {"deepspeed"}
 # Where the packages go.
 PYTHON = "3.12"
 PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in (17, 24, 27, 28, 31, 34, 35)]
@@ -130,10 +132,10 @@ def fetch(folder: Path) -> list[str]:
             if name in ON_THE_GPU_MACHINE and not requirement.specifier:
                 continue
             batch[name] = requirement
-        missing = [f"{r.name}{r.specifier}" for name, r in batch.items() if name not in ON_THE_GPU_MACHINE]
-        if "deepspeed" in batch:
-            missing.remove(f"deepspeed{batch['deepspeed'].specifier}")
-            build_from_source(f"deepspeed{batch['deepspeed'].specifier}", folder)
+        for name in batch.keys() & BUILT_FROM_SOURCE:
+            build_from_source(f"{batch[name].name}{batch[name].specifier}", folder)
+        missing = [f"{r.name}{r.specifier}" for name, r in batch.items()
+                   if name not in ON_THE_GPU_MACHINE | BUILT_FROM_SOURCE]  # fmt: skip
         if missing:
             pip_download(missing, folder)
         for name, requirement in batch.items():  # in case the machine's copy is too old; torch and the like are not

@@ -74,25 +74,28 @@ def trained(monkeypatch, in_project_copy, tiny_shapes) -> Path:
             "--trainer.log_every_n_steps=1",
             f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.num_workers=0",
             "--data.batch_size=8"]  # fmt: skip
+    run_cli(monkeypatch, *args)
+    return in_project_copy
+
+
+def run_cli(monkeypatch, *args: str) -> None:
+    """A command of the project run in this process, as `python -m` runs it (fit, validate: those that return)."""
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
     main()
-    return in_project_copy
 
 
 def run_command(monkeypatch, *args: str, status: int = 0) -> None:
     """Run one of the project's own commands (benchmark, tune, ...), which exit with `status`."""
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
     with pytest.raises(SystemExit) as done:
-        main()
+        run_cli(monkeypatch, *args)
     assert done.value.code == status
 
 
 def refusal(monkeypatch, capsys, *args: str) -> str:
     """The one line, `error: ...`, that a command which must fail ends with, and no traceback: at
     most three lines of output in all (Lightning's seed line, for one)."""
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
     with pytest.raises(SystemExit) as stopped:
-        main()
+        run_cli(monkeypatch, *args)
     printed = capsys.readouterr()
     # A message given to sys.exit is printed by Python as the process ends; parse errors print their own.
     message = stopped.value.code if isinstance(stopped.value.code, str) else printed.err.strip()

@@ -2,19 +2,12 @@
 
 import csv
 import shutil
-import sys
 
 import pytest
-from conftest import ON_CPU, on_data, refusal
+from conftest import ON_CPU, on_data, refusal, run_cli
 
 from {{ cookiecutter.package_name }}.classify import image_files
-from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.shapes import CLASSES
-
-
-def run_cli(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
-    main()
 
 
 def classify(monkeypatch, *args: str) -> list[dict]:

@@ -10,24 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, command_env, on_data, refusal
+from conftest import ON_CPU, command_env, on_data, refusal, run_cli
 from packaging.specifiers import SpecifierSet
 {%- if cookiecutter.logger == "tensorboard" %}
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 {%- endif %}
 
 from {{ cookiecutter.package_name }} import cli
-from {{ cookiecutter.package_name }}.cli import TOOLS, main
+from {{ cookiecutter.package_name }}.cli import TOOLS
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.shapes import CLASSES
 
 # The tests run on CPU whatever hardware the project was generated for.
-
-
-def run_cli(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
-    main()
 
 
 def test_fast_dev_run_through_the_command_line(monkeypatch, in_project_copy, tiny_shapes):

@@ -1,4 +1,3 @@
-import sys
 import threading
 import warnings
 from collections import Counter
@@ -7,12 +6,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import on_data
+from conftest import ON_CPU, on_data, run_cli
 from PIL import Image
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import data as data_module
-from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule, auto_workers, stratified_split
 from {{ cookiecutter.package_name }}.images import read_rgb
 from {{ cookiecutter.package_name }}.shapes import CLASSES
@@ -256,6 +254,5 @@ def test_batches_travel_as_uint8_and_become_normalised_floats_on_the_device(tiny
 def test_batches_take_the_precisions_input_type_once_they_are_floats(monkeypatch, in_project_copy, tiny_shapes):
     # bf16-true (like DeepSpeed's bf16) holds the weights in bfloat16: a float32 batch stopped the first
     # convolution ("Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the same").
-    args = ["fit", "--trainer.accelerator=cpu", "--trainer.precision=bf16-true", "--trainer.fast_dev_run=true"]
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args, *on_data(tiny_shapes)])
-    main()
+    bf16_true = ["--trainer.precision=bf16-true", "--trainer.fast_dev_run=true"]
+    run_cli(monkeypatch, "fit", *ON_CPU, *bf16_true, *on_data(tiny_shapes))

@@ -2,7 +2,6 @@
 
 import importlib
 import inspect
-import sys
 from datetime import timedelta
 from importlib.util import find_spec
 from pathlib import Path
@@ -11,23 +10,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT
+from conftest import PROJECT_ROOT, run_cli
 from jsonargparse import ArgumentParser
 from lightning.pytorch.strategies import Strategy
 
 from {{ cookiecutter.package_name }} import hardware, hardware_rules
-from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS, main
+from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.sharding import wrap_blocks
 
 PRESETS = sorted((PROJECT_ROOT / "configs" / "trainer").glob("*.yaml"))
 HARDWARE_KEYS = {"accelerator", "devices", "num_nodes", "strategy", "precision", "sync_batchnorm"}
-
-
-def run_cli(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
-    main()
 
 
 def trainer_section(preset: Path) -> dict:

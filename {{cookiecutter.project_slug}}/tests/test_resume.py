@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import command_env, refusal
+from conftest import command_env, refusal, run_cli
 from jsonargparse import Namespace
 
 from {{ cookiecutter.package_name }} import checkpoint_io, resume
-from {{ cookiecutter.package_name }}.cli import main
 
 TRAINER = [
     "--trainer.accelerator=cpu",
@@ -40,11 +39,6 @@ def run_folders(project: Path) -> list[Path]:
 
 def saved_step(checkpoint: Path) -> int:
     return torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"]
-
-
-def run_cli(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *args])
-    main()
 
 
 def start_fit(groups, project: Path, *args: str) -> subprocess.Popen:

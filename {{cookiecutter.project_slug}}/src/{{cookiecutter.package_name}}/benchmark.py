@@ -49,8 +49,9 @@ def benchmark_data(cli_args: list[str], batches: int, counts: list[int] | None) 
     print(f"Data loading, batch size {data.batch_size}, {data.hparams.image_size} px, {cpus} CPUs per device")
     print(f"{'workers':>8}  {'images/s':>9}")
     speeds: dict[int, float] = {}
-    best = (counts or [0])[0]
-    for workers in counts or [0, 1, *(2**power for power in range(1, 8) if 2**power <= cpus)]:
+    candidates = counts or [0, 1, *(2**power for power in range(1, 8) if 2**power <= cpus)]
+    best = candidates[0]
+    for workers in candidates:
         speeds[workers] = loader_speed(data, workers, batches)
         print(f"{workers:>8}  {speeds[workers]:>9.0f}")
         if speeds[workers] > speeds[best] * BETTER_BY:
