@@ -31,6 +31,12 @@ def test_report_draws_the_newest_runs_curves(monkeypatch, capsys, trained):
 {%- endif %}
 
 
-def test_a_folder_without_metrics_is_refused(monkeypatch, capsys, tmp_path):
+def test_a_folder_without_runs_is_refused(monkeypatch, capsys, tmp_path):
     run_command(monkeypatch, "report", "--runs", str(tmp_path), status=2)
+    assert "No run under" in capsys.readouterr().err
+
+
+def test_a_run_without_metrics_is_refused(monkeypatch, capsys, tmp_path):
+    (tmp_path / "run").mkdir()
+    run_command(monkeypatch, "report", str(tmp_path / "run"), status=2)
     assert "No metrics.csv or TensorBoard events" in capsys.readouterr().err

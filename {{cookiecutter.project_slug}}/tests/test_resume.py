@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import command_env, refusal, run_cli
+from conftest import command_env, refusal, run_cli, run_command
 from jsonargparse import Namespace
 
 from {{ cookiecutter.package_name }} import checkpoint_io, resume
@@ -64,25 +64,73 @@ def finish_with_auto_resume(groups, project: Path, data_dir: Path) -> None:
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-3000:]
 
 
-def test_auto_resumes_the_newest_run_in_its_own_folder(monkeypatch, in_project_copy, tiny_shapes):
+def test_last_trains_a_finished_run_further_in_its_own_folder(monkeypatch, in_project_copy, tiny_shapes):
     one_epoch = ["--trainer.limit_val_batches=1", "--trainer.max_epochs=1"]
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch)
     (run,) = run_folders(in_project_copy)
     first = saved_step(run / "checkpoints" / "last.ckpt")
+    trained_config = (run / "config.yaml").read_text()
+    assert (run / "checkpoints" / "finished.json").is_file()
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.limit_val_batches=1",
-            "--trainer.max_epochs=2", "--ckpt_path=auto")  # fmt: skip
+            "--trainer.max_epochs=2", "--ckpt_path=last")  # fmt: skip
     assert run_folders(in_project_copy) == [run], "the resumed run must carry on in its own folder"
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * first
-    assert (run / "config.yaml").is_file()
+    assert (run / "config.yaml").read_text() == trained_config, "the run's config stays as it was trained"
+    (resumed_config,) = run.glob("config_resumed_*.yaml")
+    assert "max_epochs: 2" in resumed_config.read_text()
 
 
-def test_auto_on_a_finished_run_says_how_to_train_longer(monkeypatch, caplog, in_project_copy, tiny_shapes):
+def test_last_on_a_finished_run_says_how_to_train_longer(monkeypatch, caplog, in_project_copy, tiny_shapes):
     one_epoch = ["--trainer.limit_val_batches=1", "--trainer.limit_train_batches=2", "--trainer.max_epochs=1"]
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch)
     (run,) = run_folders(in_project_copy)
-    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch, "--ckpt_path=auto")
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch, "--ckpt_path=last")
     assert "already reached max_epochs=1" in caplog.text and "--trainer.max_epochs=<more>" in caplog.text
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2, "nothing more was trained"
+
+
+SIGTERM_AT_STEP_2 = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 2}})
+
+
+def interrupted_run(monkeypatch, project: Path, tiny_shapes: Path) -> Path:
+    """A one-epoch run stopped by SIGTERM at step 3, as a preempted job is."""
+    run_command(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1",
+                "--trainer.limit_val_batches=1", f"--trainer.callbacks+={SIGTERM_AT_STEP_2}", status=143)  # fmt: skip
+    (run,) = run_folders(project)
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 3
+    return run
+
+
+def test_auto_continues_the_newest_unfinished_run_not_a_newer_finished_one(
+    monkeypatch, caplog, in_project_copy, tiny_shapes
+):
+    interrupted = interrupted_run(monkeypatch, in_project_copy, tiny_shapes)
+    short = ["--trainer.limit_val_batches=1", "--trainer.limit_train_batches=2", "--trainer.max_epochs=1"]
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *short)  # a later run, which finishes
+    finished = [run for run in run_folders(in_project_copy) if run != interrupted]
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1",
+            "--trainer.limit_val_batches=1", "--ckpt_path=auto")  # fmt: skip
+    assert f"resuming from {(interrupted / 'checkpoints' / 'last.ckpt').relative_to(in_project_copy)}" in caplog.text
+    assert saved_step(interrupted / "checkpoints" / "last.ckpt") == STEPS_PER_EPOCH
+    assert saved_step(finished[0] / "checkpoints" / "last.ckpt") == 2, "the finished run is left alone"
+    caplog.clear()
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *short, "--ckpt_path=auto")
+    assert "no run that did not finish" in caplog.text and "--ckpt_path last" in caplog.text
+    assert len(run_folders(in_project_copy)) == 3, "every run had finished: a new one"
+
+
+def test_auto_refuses_to_continue_a_run_with_other_data_or_model_options(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    run = interrupted_run(monkeypatch, in_project_copy, tiny_shapes)
+    capsys.readouterr()  # what the interrupted run printed
+    other = [*TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
+             "--data.batch_size=2", "--model.lr=0.01", "--data.num_workers=0", "--ckpt_path=auto"]  # fmt: skip
+    message = refusal(monkeypatch, capsys, "fit", *other)
+    assert "data.batch_size 4 -> 2" in message and "model.lr 0.002 -> 0.01" in message, message
+    assert "num_workers" not in message and "--allow_resume_changes=true" in message
+    run_cli(monkeypatch, "fit", *other, "--allow_resume_changes=true")
+    assert run_folders(in_project_copy) == [run] and (run / "checkpoints" / "finished.json").is_file()
 
 
 def test_the_limit_check_does_not_read_a_sharded_checkpoint_folder(in_project_copy):
@@ -141,6 +189,10 @@ def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_pro
     process = start_paused_fit(groups, in_project_copy, tiny_shapes, step=STEPS_PER_EPOCH + 5)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 128 + signal.SIGTERM, "a preempted run must not exit with success"
+    (told,) = [line for line in process.stderr.read().decode().splitlines() if "resume this run with:" in line]
+    command = told.split("resume this run with: ", 1)[1]
+    assert command.startswith("python -m {{ cookiecutter.package_name }} fit --trainer.accelerator=cpu"), told
+    assert command.endswith(" --ckpt_path auto") and "PauseAt" in command, told
     (run,) = run_folders(in_project_copy)
     # The signal came after this step's check (CheckpointOnSigterm runs before PauseAt): the next one stops.
     assert saved_step(run / "checkpoints" / "last.ckpt") == STEPS_PER_EPOCH + 6

@@ -1,11 +1,11 @@
 """Mixup and CutMix: training images blended in pairs, and their labels blended alike (soft targets)."""
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
 from .errors import ConfigError
+from .sampling import draw_seed, seeded_draws
 
 
 class BatchMixing:
@@ -40,12 +40,7 @@ class BatchMixing:
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int, rank: int, batch_index: int):
         """(images, targets): the mixed images and their class probabilities."""
-        # torchvision draws from the global CPU generator: fork it, so the data order and the
-        # augmentation of the rest of the run do not depend on whether a batch was mixed.
-        with torch.random.fork_rng(devices=[]):
-            # The CPU generator only: torch.manual_seed would reset the GPU's too, which dropout draws from.
-            draw_seed = np.random.SeedSequence([seed, rank, batch_index]).generate_state(1)[0]
-            torch.default_generator.manual_seed(int(draw_seed))
+        with seeded_draws(draw_seed(seed, rank, batch_index)):
             if self.mix is None or torch.rand(()) >= self.prob:
                 return images, F.one_hot(labels, self.num_classes).to(images.dtype)
             return self.mix(images, labels)

@@ -34,7 +34,7 @@ from .hardware import check_hardware, settle_precision
 from .model import ImageClassifier
 from .progress import LogLines
 from .quiet import silence_dependency_noise
-from .resume import check_checkpoint, resolve_resume
+from .resume import ALLOW_CHANGES, check_checkpoint, resolve_resume, resumed_config_name
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -160,6 +160,12 @@ class ClassifierCLI(LightningCLI):
         # Pretrained weights expect images prepared as in their own training (mean, std, resize).
         parser.link_arguments(("model.backbone", "model.pretrained"), "data.pretrained_backbone", pretrained_backbone)
         parser.add_argument(
+            f"--{ALLOW_CHANGES}",
+            type=bool,
+            default=False,
+            help="fit --ckpt_path auto/last: continue the run even where data or model options differ from its config.",
+        )
+        parser.add_argument(
             "--float32_matmul_precision",
             type=Literal["highest", "high", "medium"],
             default="high",
@@ -189,7 +195,9 @@ class ClassifierCLI(LightningCLI):
             # The recipe lists a progress bar, which Lightning refuses beside enable_progress_bar=false.
             bars = [c for c in config.trainer.callbacks if str(c.get("class_path", "")).endswith("ProgressBar")]
             config.trainer.callbacks = [c for c in config.trainer.callbacks if c not in bars]
-        resolve_resume(config, self.subcommand)
+        if resolve_resume(config, self.subcommand):
+            # The run's config.yaml stays as it was trained; each resume's config goes beside it.
+            self.save_config_kwargs["config_filename"] = resumed_config_name()
         if self.subcommand in ("validate", "test", "predict"):
             # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.
             self.save_config_kwargs["config_filename"] = f"config_{self.subcommand}.yaml"
@@ -291,7 +299,7 @@ def run_cli(defaults: list[str], args: list[str] | None) -> None:
         ImageDataModule,
         parser_kwargs={command: {"default_config_files": defaults} for command in SUBCOMMANDS},
         save_config_callback=SAVE_CONFIG,
-        # A resumed run writes its config.yaml again, into its own folder.
+        # An evaluation of a run rewrites its config_<stage>.yaml (a resume writes a file of its own).
         save_config_kwargs={"overwrite": True},
         args=args,
     )

@@ -7,29 +7,18 @@ rate) go to RUN/reports/curves.png. Weights & Biases draws them in its app (`wan
 
 import argparse
 import csv
-import os
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
 from .errors import DataError, MissingError
+from .run_folders import newest_run
 
 PANELS = {
     "loss": ("train/loss_step", "train/loss_epoch", "val/loss"),
     "accuracy": ("train/acc", "val/acc"),
     "learning rate": ("lr-",),  # LearningRateMonitor's names start with it
 }
-
-
-def newest_run(runs: Path) -> Path:
-    """The run whose checkpoints or metrics were written last: the newest training run, whatever
-    its logger (a W&B run's folder holds only its checkpoints), not an older run that has metrics."""
-    written = [*runs.glob("**/checkpoints"), *runs.glob("**/metrics.csv"), *runs.glob("**/events.out.tfevents.*")]
-    if not written:
-        raise MissingError(
-            f"No metrics.csv or TensorBoard events under {runs}: train with a CSV or TensorBoard logger."
-        )
-    return max(written, key=os.path.getmtime).parent
 
 
 def read_series(run: Path) -> dict[str, list[tuple[int, float]]]:

@@ -1,13 +1,16 @@
 """ImageDataModule: ImageFolder-style data, split, transformed and loaded."""
 
+import functools
 import multiprocessing
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -239,11 +242,6 @@ class ImageDataModule(L.LightningDataModule):
         # process sees only its share of the images, which must still fill a batch.
         world_size = self.trainer.world_size if self.trainer is not None else 1
         per_process = (sum(self.train_class_counts()) if self.streaming else len(self.train_set)) // world_size
-        if world_size > 1 and self.worker_count() == 0:
-            # Without workers, augmentations draw from this process's RNG, which seed_everything seeded
-            # alike on every rank; offset it so ranks crop and flip differently. (Lightning seeds each
-            # worker from the seed, its rank and its worker id.)
-            torch.manual_seed(torch.initial_seed() + self.trainer.global_rank)
         position, self._epoch_position = self._epoch_position, None
         if self.streaming:  # LitData shuffles by the seed and epoch, and gives each process its share
             loader = self._loader(self.train_set, drop_last=per_process > self.batch_size)
@@ -375,6 +373,10 @@ class ImageDataModule(L.LightningDataModule):
             persistent_workers=workers > 0,
             prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
             multiprocessing_context=worker_context(self.hparams.worker_start_method) if workers > 0 else None,
+            worker_init_fn=functools.partial(start_worker, rank=self.trainer.global_rank if self.trainer else 0),
+            # Its own generator for the workers' base seed, which DataLoader otherwise draws from the
+            # process's random state at each new iterator: a resumed run would draw once more.
+            generator=torch.Generator().manual_seed(run_seed()),
         )
 
     def worker_count(self) -> int:
@@ -397,6 +399,15 @@ def worker_context(method: str) -> multiprocessing.context.BaseContext:
         # The server imports this module (torch, torchvision, Lightning) once, for all the workers.
         context.set_forkserver_preload([__name__])
     return context
+
+
+def start_worker(worker_id: int, rank: int) -> None:
+    """Each data worker ignores SIGTERM, which a scheduler (scancel, `timeout`, a pod's stop) sends
+    the whole process group: the training process then saves its checkpoint and ends the workers
+    itself, where a worker killed mid-batch would crash it first. Then Lightning's worker seeding."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", 0)):
+        pl_worker_init_function(worker_id, rank)
 
 
 def usable_cpus() -> int:

@@ -13,6 +13,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from .errors import DataError
+from .sampling import seeded_draws
 
 
 class UnreadableImageError(DataError):
@@ -31,9 +32,15 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int] | None:
+        """The sample at an index; at (index, seed), from EpochSampler, augmented with draws seeded by `seed`."""
+        if isinstance(key, int):
+            path, label = self.samples[key]
+            return labelled_image(path, label, path, self.image_transform, self.skip_unreadable)
+        index, seed = key
         path, label = self.samples[index]
-        return labelled_image(path, label, path, self.image_transform, self.skip_unreadable)
+        with seeded_draws(seed):
+            return labelled_image(path, label, path, self.image_transform, self.skip_unreadable)
 
 
 def labelled_image(

@@ -16,11 +16,13 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from . import random_state
 from .backbone import build_backbone, check_image_size, head_names
 from .batch_mixing import BatchMixing
 from .errors import ConfigError, DataError
 from .metrics import MeanPerImage, classification_metrics
 from .reports import write_report
+from .run_folders import mark_finished, mark_unfinished
 from .sampling import run_seed
 from .sharding import fully_shard_blocks, shards_weights, share_buffers
 
@@ -122,6 +124,7 @@ class ImageClassifier(L.LightningModule):
         self.loss_weights: torch.Tensor | None = None
         # The parameter groups of a checkpoint's optimizer, to refuse one this model's cannot load.
         self._saved_group_count: int | None = None
+        self._resumed_random_state: dict | None = None  # a checkpoint's (random_state.py), for on_train_start
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = classification_metrics(num_classes, "train/")
         self.val_metrics = classification_metrics(num_classes, "val/")
@@ -399,11 +402,13 @@ class ImageClassifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The weights are in the checkpoint: rebuilding the model from it must not download them.
         checkpoint["hyper_parameters"]["pretrained"] = False
+        checkpoint["random_state"] = random_state.capture()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if states := checkpoint.get("optimizer_states"):
             self._saved_group_count = len(states[0]["param_groups"])
         self.trained_until = {"epoch": checkpoint.get("epoch", 0), "step": checkpoint.get("global_step", 0)}
+        self._resumed_random_state = checkpoint.get("random_state")
         saved = checkpoint.get("hyper_parameters", {})
         if saved.get("class_names") and self.hparams.class_names and saved["class_names"] != self.hparams.class_names:
             raise DataError(
@@ -411,14 +416,34 @@ class ImageClassifier(L.LightningModule):
                 f"data) has {self.hparams.class_names}. Use data with the checkpoint's classes, or train anew."
             )
 
+    def on_train_start(self) -> None:
+        # Restored here, after the last draws that an uninterrupted run would not make (setup, the
+        # sanity check), so that training draws on from where the checkpoint was written.
+        if self._resumed_random_state is not None:
+            random_state.restore(self._resumed_random_state)
+            self._resumed_random_state = None
+
     def on_fit_start(self) -> None:
-        # Keep the label order next to the checkpoints, for tools that read no checkpoint.
+        if (folder := self._checkpoint_folder()) is None:
+            return
+        mark_unfinished(folder)  # until this fit ends: --ckpt_path auto continues it if it does not
+        if self.hparams.class_names:  # the label order next to the checkpoints, for tools that read none
+            (folder / "class_names.json").write_text(json.dumps(self.hparams.class_names, indent=2) + "\n")
+
+    def on_fit_end(self) -> None:
+        # Not reached when a run is interrupted (SIGTERM, an error): --ckpt_path auto then goes on with it.
+        if (folder := self._checkpoint_folder()) is not None:
+            mark_finished(folder, self.trainer.current_epoch, self.trainer.global_step)
+
+    def _checkpoint_folder(self) -> Path | None:
+        """The run's checkpoint folder, made, on the process that writes files; None where none is kept."""
         checkpoint = self.trainer.checkpoint_callback
         keeps_checkpoints = checkpoint is not None and checkpoint.dirpath and not self.trainer.fast_dev_run
-        if self.trainer.is_global_zero and keeps_checkpoints and self.hparams.class_names:
-            folder = Path(checkpoint.dirpath)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "class_names.json").write_text(json.dumps(self.hparams.class_names, indent=2) + "\n")
+        if not (self.trainer.is_global_zero and keeps_checkpoints):
+            return None
+        folder = Path(checkpoint.dirpath)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
 
 def backbone_factor(step: int, schedule, scale: float, frozen_steps: int, warmup_steps: int) -> float:

@@ -1,20 +1,35 @@
-"""`--ckpt_path auto`: continue the newest run where it stopped, in its own folder, or start a new one.
+"""`--ckpt_path auto`: continue the newest run that did not finish, where it stopped, in its own
+folder, with the options it was trained with; or start a new one. `--ckpt_path last`: the newest
+run, finished or not (to train a finished run further).
 
 Lightning's own `--ckpt_path last` looks only in the new run's (empty) checkpoint folder, because
 every run gets a folder of its own; here `last` and `auto` search all of this project's runs.
 Evaluating a run's checkpoint (validate, test, predict) logs into that run too, not into a new one.
 """
 
+import json
 import os
+import shlex
+import sys
+import time
 import zipfile
 from pathlib import Path
 
 import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
-from .errors import DataError, MissingError
+from .errors import ConfigError, DataError, MissingError
 from .run_folders import last_checkpoints
+
+# Options that change how the data is read, not what is trained on: a resume may change them.
+HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method", "data.cache_dir",
+                "data.max_cache_size")  # fmt: skip
+# Options that the CLI links from others (add_arguments_to_parser): compared through those.
+LINKED = ("model.batch_size", "model.num_classes", "model.class_names", "data.pretrained_backbone")
+# What lets a resume change the other data and model options.
+ALLOW_CHANGES = "allow_resume_changes"
 
 RESUME_WORDS = ("auto", "last")
 # What Lightning itself takes for ckpt_path besides a path.
@@ -22,26 +37,30 @@ LIGHTNING_WORDS = ("best", "hpc", "registry")
 REMOTE = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "hf://")
 
 
-def resolve_resume(config: Namespace, subcommand: str) -> None:
-    """Replace `auto` or `last` in `config.ckpt_path` by the newest last.ckpt, and point the logger
+def resolve_resume(config: Namespace, subcommand: str) -> bool:
+    """Replace `auto` or `last` in `config.ckpt_path` by the run's last.ckpt, and point the logger
     at the run of the checkpoint, so that a `fit` carries on in its folder and an evaluation's
-    metrics, reports and config land beside the run they evaluate."""
+    metrics, reports and config land beside the run they evaluate. Whether a fit continues a run."""
     requested = config.get("ckpt_path")
     logger = first_logger(config)
     if requested in RESUME_WORDS:
-        root, found = runs_of(config, logger)
+        root, found = runs_of(config, logger, unfinished_only=requested == "auto" and subcommand == "fit")
         if not found:
             if requested == "last":
                 raise MissingError(
                     f"--ckpt_path last: there is no */checkpoints/last.ckpt under {root}. "
                     "Use --ckpt_path auto to start a new run when there is none."
                 )
-            rank_zero_info(f"--ckpt_path auto: no last.ckpt under {root}, so this is a new run")
+            finished = " that did not finish" if runs_of(config, logger)[1] else ""
+            further = " (to train the newest further: --ckpt_path last --trainer.max_epochs=<more>)" if finished else ""
+            rank_zero_info(f"--ckpt_path auto: no run{finished} under {root}, so this is a new run{further}")
             config.ckpt_path = None
-            return
+            return False
         config.ckpt_path = str(found[-1])
         doing = "resuming from" if subcommand == "fit" else "evaluating"
         rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
+        if subcommand == "fit" and not config.get(ALLOW_CHANGES):
+            check_same_options(config, found[-1].parent.parent, requested)
         if subcommand == "fit" and (reached := limit_reached(found[-1], config.trainer)):
             # Lightning would end at once with no word on how to go on.
             rank_zero_info(
@@ -49,16 +68,73 @@ def resolve_resume(config: Namespace, subcommand: str) -> None:
                 f"raise the limit: fit --ckpt_path {requested} --trainer.{reached.split('=')[0]}=<more>."
             )
     elif subcommand == "fit":
-        return  # a checkpoint given by path starts a new run from it (fine-tuning, a copied file)
+        return False  # a checkpoint given by path starts a new run from it (fine-tuning, a copied file)
     run = run_of(config.get("ckpt_path"), logger)
     if run is None:
-        return
+        return False
     if subcommand != "fit" and logger.class_path == "lightning.pytorch.loggers.CSVLogger":
-        return  # it deletes the metrics.csv of a folder it reuses (csv_logging.py's logger appends)
+        return False  # it deletes the metrics.csv of a folder it reuses (csv_logging.py's logger appends)
     if logger.class_path.endswith("WandbLogger"):
         logger.init_args.id = run  # W&B resumes the run with that id
     else:
         logger.init_args.version = run
+    return subcommand == "fit"
+
+
+def check_same_options(config: Namespace, run: Path, requested: str) -> None:
+    """Refuse to continue `run` with other data or model options than it was trained with: the
+    weights would go on training towards something else under the run's name."""
+    saved = run_configs(run)
+    if not saved:
+        return  # a run without a config (trained outside the CLI): nothing to compare
+    trained = yaml.safe_load(saved[-1].read_text()) or {}
+    changed = [
+        f"{section}.{name} {before!r} -> {now!r}"
+        for section in ("data", "model")
+        for name, before, now in differences(trained.get(section) or {}, as_plain(config.get(section)))
+        if f"{section}.{name}" not in HOW_NOT_WHAT + LINKED
+    ]
+    if changed:
+        raise ConfigError(
+            f"--ckpt_path {requested} would continue {run} with other options than {saved[-1].name} has: "
+            f"{', '.join(changed)}. Resume with the run's options, start a new run (no --ckpt_path), or pass "
+            f"--{ALLOW_CHANGES}=true to continue it with these."
+        )
+
+
+def run_configs(run: Path) -> list[Path]:
+    """The configs a run was trained with, oldest first: config.yaml, then one per resume."""
+    return [path for path in [run / "config.yaml", *sorted(run.glob("config_resumed_*.yaml"))] if path.is_file()]
+
+
+def resumed_config_name() -> str:
+    """The file a resume writes its config to, beside the run's config.yaml, which stays as it was."""
+    return f"config_resumed_{time.strftime('%Y%m%d-%H%M%S')}.yaml"
+
+
+def as_plain(options: Namespace | dict | None) -> dict:
+    """Options as YAML would read them back (paths as strings, tuples as lists)."""
+    options = options.as_dict() if isinstance(options, Namespace) else options or {}
+    return json.loads(json.dumps(options, default=str))
+
+
+def differences(saved: dict, now: dict) -> list[tuple[str, object, object]]:
+    return [(name, saved.get(name), now.get(name)) for name in sorted(saved.keys() | now.keys())
+            if as_plain({"value": saved.get(name)}) != as_plain({"value": now.get(name)})]  # fmt: skip
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    """The command that continues this run: the fit it was started with, with --ckpt_path auto."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] != ["fit"]:
+        return f"python -m {__package__} fit <the same options> --ckpt_path auto"
+    kept = []
+    for arg in given:
+        if kept and kept[-1] == "--ckpt_path":
+            kept.pop()  # and its value
+        elif not arg.startswith("--ckpt_path="):
+            kept.append(arg)
+    return shlex.join(["python", "-m", __package__, *kept, "--ckpt_path", "auto"])
 
 
 def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:
@@ -121,13 +197,13 @@ def first_logger(config: Namespace) -> Namespace | None:
     return logger if isinstance(logger, Namespace) else None
 
 
-def runs_of(config: Namespace, logger: Namespace | None) -> tuple[Path, list[Path]]:
-    """Where the runs of `logger` are, and their last.ckpt files, oldest first."""
+def runs_of(config: Namespace, logger: Namespace | None, unfinished_only: bool = False) -> tuple[Path, list[Path]]:
+    """Where the runs of `logger` are, and their last.ckpt files (only the unfinished runs'), oldest first."""
     if logger is None:  # without a logger, checkpoints go to default_root_dir/checkpoints
         root = Path(config.trainer.default_root_dir or os.getcwd())
-        return root, [path for path in [root / "checkpoints" / "last.ckpt"] if path.is_file()]
+        return root, [path for path in last_checkpoints(root, unfinished_only) if path.parent == root / "checkpoints"]
     root = run_root(logger)
-    return root, last_checkpoints(root)
+    return root, last_checkpoints(root, unfinished_only)
 
 
 def run_root(logger: Namespace) -> Path:

@@ -1,6 +1,13 @@
-"""The runs under a folder: the one home of "the newest run's last checkpoint", which resuming and
-the smoke test look up, and of its best checkpoint, which classify and serve use by default."""
+"""The runs under a folder: the one home of "the newest run", which resuming, the smoke test,
+report, classify and serve all look up, of whether a run has finished, and of a run's best
+checkpoint, which classify and serve use by default.
 
+A run is a folder <root>/<name>/<version> whose checkpoints/ holds last.ckpt (a file, or a folder of
+shards); the newest is the one whose last.ckpt was written last. A run that ends (its epochs done,
+early stopping) leaves checkpoints/finished.json; an interrupted one (SIGTERM, a crash) does not.
+"""
+
+import json
 import os
 from pathlib import Path
 
@@ -8,10 +15,31 @@ import torch
 
 from .errors import MissingError
 
+FINISHED = "finished.json"
 
-def last_checkpoints(root: Path) -> list[Path]:
-    """The last.ckpt of every run under `root` (a file, or a folder of shards), oldest first."""
-    return sorted(root.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
+
+def last_checkpoints(root: Path, unfinished_only: bool = False) -> list[Path]:
+    """The last.ckpt of every run under `root`, oldest first; only those of the runs that did not
+    finish, with `unfinished_only`."""
+    found = sorted(root.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
+    return [path for path in found if not (unfinished_only and (path.parent / FINISHED).is_file())]
+
+
+def newest_run(root: Path) -> Path:
+    """The folder of the newest run under `root`."""
+    lasts = last_checkpoints(root)
+    if not lasts:
+        raise MissingError(f"No run under {root} has a checkpoints/last.ckpt: train a model first.")
+    return lasts[-1].parent.parent
+
+
+def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:
+    (checkpoints / FINISHED).write_text(json.dumps({"epoch": epoch, "step": step}) + "\n")
+
+
+def mark_unfinished(checkpoints: Path) -> None:
+    """A finished run trained further (--ckpt_path last) is unfinished until it ends again."""
+    (checkpoints / FINISHED).unlink(missing_ok=True)
 
 
 def best_checkpoint(runs: Path, option: str) -> Path:
@@ -20,7 +48,7 @@ def best_checkpoint(runs: Path, option: str) -> Path:
     lasts = last_checkpoints(runs)
     if not lasts:
         raise MissingError(f"No checkpoint under {runs}: train a model first, or pass {option}.")
-    last = lasts[-1]
+    last = lasts[-1]  # newest_run's
     states = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("callbacks", {})
     for key, state in states.items():
         # The callback that monitors a metric: the one that writes last.ckpt monitors none.

@@ -1,9 +1,13 @@
 """The order of training images: each epoch's shuffle across processes, resumable mid-epoch
 (EpochSampler), and the warning when a resume's settings cannot continue the interrupted epoch;
+the random draws of each image and batch, seeded by where they are in the run (seeded_draws);
 class imbalance: a sampler that draws every class alike, and the warning that points to it."""
 
+import contextlib
 import os
+from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -17,10 +21,32 @@ def run_seed() -> int:
     return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
+def draw_seed(*keys: int) -> int:
+    """A seed for the random draws that `keys` name (the run's seed, an epoch, a place in it),
+    mixed so that neighbouring keys give unrelated streams."""
+    return int(np.random.SeedSequence(keys).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+@contextlib.contextmanager
+def seeded_draws(seed: int) -> Iterator[None]:
+    """Draws from torch's CPU generator (torchvision's transforms, Mixup/CutMix) that depend on
+    `seed` alone, and leave the process's own random state as it was: what a data worker or the
+    main process drew before, and how many workers there are, no longer matters, so a resumed run
+    draws what an uninterrupted one would."""
+    with torch.random.fork_rng(devices=[]):
+        # The CPU generator only: torch.manual_seed would reset the GPU's too, which dropout draws from.
+        torch.default_generator.manual_seed(seed)
+        yield
+
+
 class EpochSampler(DistributedSampler):
     """Lightning's DistributedSampler (each epoch's order from the seed and the epoch), whose epoch
     can also start part-way: `resume_at` skips what a resumed run's process already trained on.
-    The length stays the whole epoch's, which Lightning counts the interrupted epoch's batches in."""
+    The length stays the whole epoch's, which Lightning counts the interrupted epoch's batches in.
+
+    It gives (index, seed) pairs: the seed of that image's augmentation, from the run's seed, the
+    epoch and the image's place in the epoch's order across processes (ImageFiles draws with it).
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -32,9 +58,10 @@ class EpochSampler(DistributedSampler):
     def epoch_indices(self) -> list[int]:
         return list(super().__iter__())
 
-    def __iter__(self):
-        indices = self.epoch_indices()
-        return iter(indices[self.resume_skip :] if self.epoch == self.resume_epoch else indices)
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        start = self.resume_skip if self.epoch == self.resume_epoch else 0
+        for place, index in enumerate(self.epoch_indices()[start:], start):
+            yield index, draw_seed(self.seed, self.epoch, self.rank + place * self.num_replicas)
 
 
 class ClassBalancedSampler(EpochSampler):

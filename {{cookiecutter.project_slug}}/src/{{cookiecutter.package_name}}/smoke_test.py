@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .hardware import machine_of
 from .hardware_rules import from_trainer, runnable
-from .run_folders import last_checkpoints
+from .run_folders import newest_run
 
 CLI = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
 RUNS = Path("runs") / "smoke-test"
@@ -67,7 +67,7 @@ def fit_and_reload(options: list[str]) -> Path:
             "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={RUNS.parent}",
             f"--trainer.logger.name={RUNS.name}"]  # fmt: skip
     step("Smoke test 2/2: a two-batch fit that writes a checkpoint, then reloading it", [*CLI, "fit", *options, *tiny])
-    checkpoint = last_checkpoints(RUNS)[-1]
+    checkpoint = newest_run(RUNS) / "checkpoints" / "last.ckpt"
     if checkpoint.is_dir():  # FSDP and DeepSpeed write shards: make the single file a user would load
         single = checkpoint.with_name("last-consolidated.ckpt")
         step("Consolidating the sharded checkpoint", [*CLI, "consolidate", str(checkpoint), str(single)])

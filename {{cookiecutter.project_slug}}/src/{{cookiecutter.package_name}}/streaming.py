@@ -19,13 +19,14 @@ from torchvision.transforms import v2
 
 from .errors import ConfigError, MissingError
 from .images import labelled_image
-from .sampling import changed_settings, epoch_restarts
+from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
 
 try:  # the `streaming` extra
     from litdata import StreamingDataLoader, StreamingDataset, optimize
     from litdata.streaming import downloader
     from litdata.streaming.fs_provider import _get_fs_provider
     from litdata.streaming.resolver import Dir
+    from litdata.streaming.sampler import ChunkedIndex
 except ImportError as missing:
     raise ConfigError('Streaming data needs LitData, the streaming extra: pip install -e ".[streaming]"') from missing
 
@@ -189,7 +190,11 @@ class ShardedImages(StreamingDataset):
     def __getitem__(self, index) -> tuple[torch.Tensor, int] | None:
         item = super().__getitem__(index)
         name = join(self.location, item["path"])
-        return labelled_image(item["image"], item["label"], name, self.image_transform, self.skip_unreadable)
+        # Augmented with draws seeded by the run, the epoch and the image, which a resumed run repeats
+        # (LitData keeps the epoch in its state) whatever the workers drew before.
+        image = index.index if isinstance(index, ChunkedIndex) else index  # its place in the split
+        with seeded_draws(draw_seed(self.seed, self.current_epoch, image)):
+            return labelled_image(item["image"], item["label"], name, self.image_transform, self.skip_unreadable)
 
 
 class StreamingLoader(StreamingDataLoader):
