@@ -50,6 +50,8 @@ def test_each_fold_validates_on_its_share_and_trains_on_the_rest(tiny_shapes):
         (["--data.num_folds=1"], "data.num_folds must be 2 or more"),
         (["--data.num_folds=3", "--data.fold=3"], "data.fold from 0 to num_folds - 1, got 3 and 3"),
         (["--data.num_folds=3", "--data.format=streaming"], "data.num_folds works with data.format folder"),
+        # 12 training images of each class: a 13th fold would validate on none of some class's.
+        (["--data.num_folds=13"], "has 12 training images in"),
     ],
 )
 def test_impossible_folds_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, named):

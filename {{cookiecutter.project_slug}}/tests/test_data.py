@@ -128,9 +128,20 @@ def test_missing_folder_says_how_to_point_at_data(tmp_path):
         data.setup("fit")
 
 
-def test_synthetic_data_knows_its_classes_before_it_is_drawn(tmp_path):
-    data = ImageDataModule(tmp_path / "shapes", synthetic=True)
-    assert data.class_names == list(CLASSES) and not (tmp_path / "shapes").exists()
+def test_synthetic_data_knows_its_classes_before_it_is_drawn(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    data = ImageDataModule(synthetic=True)
+    assert data.class_names == list(CLASSES) and not (tmp_path / "data").exists()
+
+
+def test_the_built_in_shapes_are_drawn_only_at_the_default_path_and_said(monkeypatch, caplog, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="Data folder data/shpes does not exist: fix --data.data_dir"):
+        ImageDataModule("data/shpes", synthetic=True)  # a misspelt path is not a request for shapes
+    assert not (tmp_path / "data").exists()
+    ImageDataModule(synthetic=True).prepare_data()
+    assert "Drew the built-in shapes dataset into data/shapes" in caplog.text
+    assert sorted(path.name for path in (tmp_path / "data" / "shapes").iterdir()) == ["test", "train", "val"]
 
 
 def test_one_class_is_refused(tmp_path):

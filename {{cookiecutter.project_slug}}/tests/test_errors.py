@@ -25,9 +25,12 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--data.val_fraction=1.5"], "data.val_fraction must be between 0 and 1"),
         (["--model.warmup_fraction=1"], "model.warmup_fraction must be 0 or more and below 1"),
         (["--model.backbone=resnet81"], "Unknown backbone 'resnet81'. Closest torchvision classification models: res"),
+        # By likeness, however far the name is from every model (not the first five alphabetically).
+        (["--model.backbone=ResNet-50-ImageNet"], "Closest torchvision classification models: resnet50, "),
         (["--model.backbone=vit_b_16", "--data.image_size=64"], "vit_b_16 cannot take 64-pixel images"),
         (["--model.backbone=inception_v3", "--data.image_size=64"], "use --data.image_size 75."),
         (["--ckpt_path=last"], "--ckpt_path last: there is no */checkpoints/last.ckpt"),
+        (["--data.data_dir=data/shpes", "--data.synthetic=true"], "Data folder data/shpes does not exist: fix"),
         (["--ckpt_path=configs/default.yaml"], "configs/default.yaml is not a Lightning checkpoint"),
         (["--data.batch_size=many"], "error: --data.batch_size: Expected a int. Got value: many"),
         (["--model.nonsense=1"], "unrecognized arguments: --model.nonsense=1. Did you mean"),

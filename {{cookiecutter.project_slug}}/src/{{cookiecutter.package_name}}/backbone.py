@@ -1,6 +1,5 @@
 """Any torchvision classification model by name (or timm's, named timm/...), with its head sized for our classes."""
 
-import difflib
 import os
 from pathlib import Path
 
@@ -10,7 +9,7 @@ from torch import nn
 from torchvision.ops import StochasticDepth
 
 from . import timm_backbones
-from .errors import ConfigError, MissingError
+from .errors import ConfigError, MissingError, closest
 
 
 def classification_models() -> list[str]:
@@ -24,7 +23,7 @@ def check_backbone_name(name: str) -> None:
         return
     known = classification_models()
     if name not in known:
-        close = difflib.get_close_matches(name, known, n=5, cutoff=0.5) or known[:5]
+        close = closest(name, known)
         raise ConfigError(
             f"Unknown backbone {name!r}. Closest torchvision classification models: {', '.join(close)}. "
             "List them all with: python -c 'import torchvision.models as m; print(m.list_models(module=m))'"

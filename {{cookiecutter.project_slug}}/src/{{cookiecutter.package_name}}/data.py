@@ -25,6 +25,10 @@ from .sampling import ClassBalancedSampler, EpochSampler, changed_settings, epoc
 from .sharding import shards_weights
 from .transforms import Augment, Interpolation, Preprocessing, resolve_preprocessing, train_transform
 
+# Where data.synthetic draws the built-in shapes: data_dir's default. Elsewhere, a data_dir that
+# does not exist is a mistyped path, and training on drawn shapes instead would hide it.
+BUILT_IN_SHAPES = "data/shapes"
+
 
 class ImageDataModule(L.LightningDataModule):
     """Images in class folders: `data_dir/<class>/*.jpg`, or `data_dir/{train,val,test}/<class>/*.jpg`;
@@ -43,7 +47,8 @@ class ImageDataModule(L.LightningDataModule):
         cache_dir: Streaming from a URL: the local folder of downloaded chunks (node-local disk on a
             cluster). Unset: LitData's cache folder.
         max_cache_size: Streaming from a URL: the most disk the cache takes ("50GB").
-        synthetic: When `data_dir` does not exist, draw the built-in shapes dataset there (format folder).
+        synthetic: Draw the built-in shapes dataset into data/shapes (the default data_dir) when it is
+            not there yet. A data_dir elsewhere that does not exist is an error, never drawn into.
         batch_size: Images per device and step (the effective batch is this x devices x nodes x
             gradient accumulation).
         num_workers: Data loading processes per device; "auto" picks from the CPUs per device.
@@ -88,7 +93,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        data_dir: str | Path = "data/shapes",
+        data_dir: str | Path = BUILT_IN_SHAPES,
         format: Literal["folder", "streaming"] = "folder",
         cache_dir: str | None = None,
         max_cache_size: str = "50GB",
@@ -136,6 +141,11 @@ class ImageDataModule(L.LightningDataModule):
             raise ConfigError("data.num_folds works with data.format folder: `shard` fixes the streaming splits.")
         if format == "streaming" and balanced_sampling:
             raise ConfigError("data.balanced_sampling works with data.format folder; streaming reads each image once.")
+        if synthetic and format == "folder" and not Path(data_dir).exists() and not is_built_in(data_dir):
+            raise MissingError(
+                f"Data folder {data_dir} does not exist: fix --data.data_dir. (data.synthetic draws the built-in "
+                f"shapes only into {BUILT_IN_SHAPES}, the default data_dir.)"
+            )
         self.save_hyperparameters()
         self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
         self.preprocessing = resolve_preprocessing(
@@ -177,8 +187,12 @@ class ImageDataModule(L.LightningDataModule):
         return len(self.class_names)
 
     def prepare_data(self) -> None:
-        if self.hparams.synthetic and not self.streaming:
+        if self.hparams.synthetic and not self.streaming and not self.data_dir.exists():
             shapes.draw_shapes_dataset(self.data_dir)
+            rank_zero_info(
+                f"Drew the built-in shapes dataset into {self.data_dir} ({len(shapes.CLASSES)} classes). To train on "
+                "your images: --data.data_dir <folder of class folders> --data.synthetic false"
+            )
 
     def setup(self, stage: str) -> None:
         classes = self.class_names
@@ -390,6 +404,10 @@ class ImageDataModule(L.LightningDataModule):
         return torch.cuda.is_available()
 
 
+def is_built_in(data_dir: str | Path) -> bool:
+    return Path(data_dir).resolve() == Path(BUILT_IN_SHAPES).resolve()
+
+
 def worker_context(method: str) -> multiprocessing.context.BaseContext:
     """The multiprocessing context data workers start from (see ImageDataModule's worker_start_method)."""
     if method not in multiprocessing.get_all_start_methods() or (method == "forkserver" and sys.platform == "darwin"):
@@ -475,8 +493,13 @@ def fold_samples(data_dir: Path, classes: list[str], num_folds: int, fold: int, 
     (and test/ when there is one)."""
     train_dir, test_dir = train_folder(data_dir), data_dir / "test"
     samples = find_images(train_dir, classes)
-    if len(samples) < num_folds:
-        raise DataError(f"{train_dir} has {len(samples)} images: too few for {num_folds} folds.")
+    counts = torch.bincount(torch.tensor([label for _, label in samples]), minlength=len(classes)).tolist()
+    if min(counts) < num_folds:
+        rarest = counts.index(min(counts))
+        raise DataError(
+            f"The class {classes[rarest]} has {counts[rarest]} training images in {train_dir}, fewer than the "
+            f"{num_folds} folds: some folds would validate on none of them. Use at most {counts[rarest]} folds."
+        )
     folds = stratified_folds([label for _, label in samples], num_folds, split_seed)
     splits = {
         "train": [sample for sample, k in zip(samples, folds, strict=True) if k != fold],

@@ -5,6 +5,7 @@ names the problem and its fix. Set {{ cookiecutter.package_name | upper }}_TRACE
 Each class is also the built-in error it stands for, for code that catches that.
 """
 
+import difflib
 import os
 
 TRACEBACK_VARIABLE = "{{ cookiecutter.package_name | upper }}_TRACEBACK"
@@ -24,6 +25,11 @@ class DataError(UserError, ValueError):
 
 class MissingError(UserError, FileNotFoundError):
     """A file or folder that is not where the options say."""
+
+
+def closest(name: str, known: list[str], count: int = 5) -> list[str]:
+    """The `count` names in `known` most like `name`, most alike first, for a "did you mean"."""
+    return difflib.get_close_matches(name, known, n=count, cutoff=0.0)
 
 
 def wants_traceback() -> bool:

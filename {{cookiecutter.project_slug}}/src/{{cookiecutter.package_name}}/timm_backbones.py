@@ -2,13 +2,12 @@
 `timm` extra: pip install -e ".[timm]"). timm sizes the head, drops blocks and knows the
 preprocessing of its weights itself."""
 
-import difflib
 import sys
 from urllib.parse import urlparse
 
 from torch import nn
 
-from .errors import ConfigError, MissingError
+from .errors import ConfigError, MissingError, closest
 from .network import reachable
 
 PREFIX = "timm/"
@@ -32,7 +31,7 @@ def check_name(name: str) -> None:
     model = name.removeprefix(PREFIX)
     known = timm.list_models(pretrained=True) if "." in model else timm.list_models()
     if model not in known:
-        close = difflib.get_close_matches(model, known, n=5, cutoff=0.5) or known[:5]
+        close = closest(model, known)
         raise ConfigError(
             f"Unknown timm model {model!r}. Closest: {', '.join(PREFIX + match for match in close)}. "
             f"List them with: python -c 'import timm; print(timm.list_models(pretrained=True))'"
