@@ -2,10 +2,11 @@
 
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, on_data, refusal
+from conftest import ON_CPU, on_data, refusal, run_cli
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
@@ -100,3 +101,18 @@ def test_the_traceback_is_there_when_asked_for(monkeypatch, in_project_copy, tin
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *fit(tiny_shapes, "--data.batch_size=0")])
     with pytest.raises(ConfigError, match="data.batch_size must be 1 or more"):
         main()
+
+
+def test_runs_that_cannot_be_written_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    (in_project_copy / "taken").write_text("a file where the runs folder would go")
+    message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--trainer.logger.save_dir=taken/runs"))
+    assert message.startswith("error: Cannot write the runs into taken/runs (")
+    assert "point --trainer.logger.save_dir at a folder you can write" in message
+
+
+def test_default_root_dir_holds_the_runs(monkeypatch, in_project_copy, tiny_shapes):
+    args = fit(tiny_shapes, "--trainer.default_root_dir=elsewhere")
+    args.remove("--trainer.fast_dev_run=true")  # which writes no files
+    run_cli(monkeypatch, *args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=1",
+            "--trainer.limit_val_batches=1")  # fmt: skip
+    assert list(in_project_copy.glob("elsewhere/runs/*/*/checkpoints/last.ckpt")) and not Path("runs").exists()

@@ -18,6 +18,7 @@ from typing import Literal
 
 import torch
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 {%- if cookiecutter.logger == "wandb" %}
@@ -34,7 +35,8 @@ from .hardware import check_hardware, settle_precision
 from .model import ImageClassifier
 from .progress import LogLines
 from .quiet import silence_dependency_noise
-from .resume import ALLOW_CHANGES, check_checkpoint, resolve_resume, resumed_config_name
+from .resume import ALLOW_CHANGES, check_checkpoint, first_logger, resolve_resume, resumed_config_name
+from .run_folders import check_writable
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -195,6 +197,7 @@ class ClassifierCLI(LightningCLI):
             # The recipe lists a progress bar, which Lightning refuses beside enable_progress_bar=false.
             bars = [c for c in config.trainer.callbacks if str(c.get("class_path", "")).endswith("ProgressBar")]
             config.trainer.callbacks = [c for c in config.trainer.callbacks if c not in bars]
+        place_runs(config.trainer)
         if resolve_resume(config, self.subcommand):
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
             self.save_config_kwargs["config_filename"] = resumed_config_name()
@@ -228,6 +231,20 @@ class ClassifierCLI(LightningCLI):
         self.model.check_run(self.trainer.callbacks, self.datamodule, self.trainer.max_epochs)
 
     before_fit = before_validate = before_test = before_predict = check_run
+
+
+def place_runs(trainer: Namespace) -> None:
+    """Runs go where the logger's save_dir says, under trainer.default_root_dir when one is given
+    (Lightning would otherwise ignore it beside a logger); refused in one line where they cannot be written."""
+    logger = first_logger(Namespace(trainer=trainer))
+    if logger is None:
+        check_writable(Path(trainer.default_root_dir or "."), "--trainer.default_root_dir")
+        return
+    save_dir = Path(logger.init_args.get("save_dir") or ".")
+    if trainer.default_root_dir and not save_dir.is_absolute():
+        logger.init_args.save_dir = str(Path(trainer.default_root_dir) / save_dir)
+    option = "--trainer.default_root_dir" if trainer.default_root_dir else "--trainer.logger.save_dir"
+    check_writable(Path(logger.init_args.save_dir or "."), option)
 
 
 def build(cli_args: list[str], keep_config: bool = False) -> ClassifierCLI:

@@ -9,11 +9,12 @@ early stopping) leaves checkpoints/finished.json; an interrupted one (SIGTERM, a
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import torch
 
-from .errors import MissingError
+from .errors import ConfigError, MissingError
 
 FINISHED = "finished.json"
 
@@ -31,6 +32,20 @@ def newest_run(root: Path) -> Path:
     if not lasts:
         raise MissingError(f"No run under {root} has a checkpoints/last.ckpt: train a model first.")
     return lasts[-1].parent.parent
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """Fail in one line, before training, where the runs cannot be written (a read-only mount, another
+    user's folder), rather than at the first log line or checkpoint."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".writable-"):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"Cannot write the runs into {folder} ({error.strerror or error}): point {option} at a folder "
+            "you can write."
+        ) from None
 
 
 def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:
