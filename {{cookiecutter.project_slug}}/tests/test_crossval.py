@@ -69,6 +69,11 @@ def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in
         results[seed] = json.loads((folder / f"seed{seed}" / "metrics.json").read_text())
     accuracies = [results[seed]["val/acc"] for seed in (0, 1)]
     mean, std = sum(accuracies) / 2, abs(accuracies[0] - accuracies[1]) / math.sqrt(2)  # sample std of two
+{%- if cookiecutter.logger == "wandb" %}
+    # Each a W&B run of its own, though one process trains them one after the other.
+    runs = {path.name.rsplit("-", 1)[1] for path in folder.glob("seed*/wandb/offline-run-*")}
+    assert len(runs) == 2 and {path.parent.name for path in folder.glob("seed*/*/*/config.yaml")} == runs
+{%- endif %}
     summary = (folder / "summary.md").read_text()
     assert f"{mean:.4f} ± {std:.4f}" in summary, summary
     assert (folder / "summary.png").stat().st_size

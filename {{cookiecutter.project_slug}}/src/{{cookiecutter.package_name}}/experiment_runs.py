@@ -58,6 +58,9 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
         )
         return {name: float(value) for name, value in metrics.items()}
     finally:
+        if (wandb := sys.modules.get("wandb")) is not None and wandb.run is not None:
+            # Lightning leaves a W&B run open after fit; the next run in this process would log into it.
+            wandb.finish()
         del cli
         gc.collect()
         if torch.cuda.is_available():
