@@ -153,18 +153,18 @@ def test_balanced_class_weights_are_the_inverse_class_frequencies(in_project_cop
 
 def test_balanced_sampling_draws_each_class_alike_and_processes_share_the_draws(in_project_copy, tmp_path):
     labels = [0] * 300 + [1] * 60 + [2] * 15
-    drawn = torch.tensor(list(ClassBalancedSampler(labels, seed=1)))
+    drawn = torch.tensor(ClassBalancedSampler(labels, seed=1).epoch_indices())
     assert len(drawn) == len(labels)
     shares = torch.bincount(torch.tensor(labels)[drawn], minlength=3) / len(drawn)
     assert torch.allclose(shares, torch.full((3,), 1 / 3), atol=0.06)
     # Two processes take alternate draws of one sequence: halves of an epoch, not two copies of one.
-    ranks = [list(ClassBalancedSampler(labels, num_replicas=2, rank=rank, seed=1)) for rank in (0, 1)]
+    ranks = [ClassBalancedSampler(labels, num_replicas=2, rank=rank, seed=1).epoch_indices() for rank in (0, 1)]
     assert [len(share) for share in ranks] == [188, 188] and ranks[0] != ranks[1]
     shares = torch.bincount(torch.tensor(labels)[ranks[0] + ranks[1]], minlength=3) / 376
     assert torch.allclose(shares, torch.full((3,), 1 / 3), atol=0.06)
     sampler = ClassBalancedSampler(labels, seed=1)
     sampler.set_epoch(1)
-    assert list(sampler) != drawn.tolist(), "each epoch draws anew"
+    assert sampler.epoch_indices() != drawn.tolist(), "each epoch draws anew"
     folder = uneven_folder(tmp_path / "uneven", {"common": 40, "rare": 10})
     cli = fitted(folder, "--trainer.fast_dev_run=2", "--data.balanced_sampling=true")
     assert isinstance(cli.trainer.train_dataloader.sampler, ClassBalancedSampler)

@@ -1,23 +1,6 @@
-"""`report`: a run's logged metrics drawn as PNG curves."""
-{% if cookiecutter.logger == "wandb" %}
-import os
-{% endif %}
+"""`report`: a run's logged metrics drawn as PNG curves, whatever the logger."""
+
 from conftest import run_command
-
-
-{%- if cookiecutter.logger == "wandb" %}
-
-
-def test_runs_logged_to_wandb_are_sent_to_its_app(monkeypatch, capsys, trained):
-    # An older run with a CSV logger, as the setup's smoke test leaves: not the run to report on.
-    older = trained / "runs" / "smoke-test" / "version_0" / "metrics.csv"
-    older.parent.mkdir(parents=True)
-    older.write_text("epoch,step,train/loss_step\n0,0,1.5\n")
-    os.utime(older, (0, 0))
-    run_command(monkeypatch, "report", status=2)
-    assert "W&B draws a run's curves in its app" in capsys.readouterr().err
-    assert not (older.parent / "reports").exists()
-{%- else %}
 
 
 def test_report_draws_the_newest_runs_curves(monkeypatch, capsys, trained):
@@ -28,7 +11,6 @@ def test_report_draws_the_newest_runs_curves(monkeypatch, capsys, trained):
     assert {"train/loss_step", "val/loss", "train/acc", "val/acc"} <= set(drawn)
     # The model's two parameter groups (with and without weight decay) share one schedule: one line.
     assert sum(name.startswith("lr-") for name in drawn) == 1, drawn
-{%- endif %}
 
 
 def test_a_folder_without_runs_is_refused(monkeypatch, capsys, tmp_path):

@@ -1,8 +1,8 @@
 """`python -m {{ cookiecutter.package_name }} report [RUN]`: a run's logged metrics as PNG curves.
 
 RUN is a run folder (default: the newest training run under runs/) holding the metrics of a CSV
-logger (metrics.csv) or of a TensorBoard logger (event files). The curves (loss, accuracy, learning
-rate) go to RUN/reports/curves.png. Weights & Biases draws them in its app (`wandb sync` offline runs).
+or W&B logger (metrics.csv) or of a TensorBoard logger (event files). The curves (loss, accuracy,
+learning rate) go to RUN/reports/curves.png.
 """
 
 import argparse
@@ -27,8 +27,8 @@ def read_series(run: Path) -> dict[str, list[tuple[int, float]]]:
     events = sorted(run.glob("events.out.tfevents.*"))
     if not (run / "metrics.csv").is_file() and not events:
         raise MissingError(
-            f"No metrics.csv or TensorBoard events in {run}: its logger kept none (W&B draws a run's curves in "
-            "its app; `wandb sync` uploads an offline run). report draws runs of a CSV or TensorBoard logger."
+            f"No metrics.csv or TensorBoard events in {run}: point report at a run folder of this project's "
+            "loggers (runs/<project>/<run>), or train one."
         )
     if (run / "metrics.csv").is_file():
         with (run / "metrics.csv").open(newline="") as file:

@@ -8,8 +8,9 @@ from urllib.parse import urlparse
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from .csv_logging import AppendingExperimentWriter
 from .network import reachable
 
 
@@ -46,13 +47,43 @@ def _server() -> str:
     return urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
 
 
+def run_folder(logger: WandbLogger) -> Path:
+    """The folder of a W&B run's checkpoints, config and metrics: <save_dir>/<project>/<run id>."""
+    return Path(logger.save_dir) / str(logger.name) / str(logger.version)
+
+
 class BestModelWandbLogger(WandbLogger):
     """Lightning's WandbLogger, whose log_model uploads the checkpoints that monitor a metric only,
-    and says so when they are folders of shards, which it cannot upload.
+    and says so when they are folders of shards, which it cannot upload; and which keeps the metrics
+    in the run's folder too (metrics.csv, appended to on resume), for `report` and for reading them
+    without W&B.
 
     The last.ckpt callback monitors nothing, so Lightning would count its file as that callback's
     best and move the artifact's "best" alias onto it.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._local_metrics: AppendingExperimentWriter | None = None
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        super().log_metrics(metrics, step)
+        if self._local_metrics is None:
+            self._local_metrics = AppendingExperimentWriter(log_dir=str(run_folder(self)))
+        self._local_metrics.log_metrics(metrics, step)
+
+    @rank_zero_only
+    def save(self) -> None:
+        super().save()
+        if self._local_metrics is not None:
+            self._local_metrics.save()
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        if self._local_metrics is not None:
+            self._local_metrics.save()
 
     @property
     def experiment(self):
@@ -93,7 +124,7 @@ class SaveConfigToRun(SaveConfigCallback):
             super().setup(trainer, pl_module, stage)
             return
         if trainer.is_global_zero and not self.already_saved:
-            run_dir = Path(logger.save_dir) / str(logger.name) / str(logger.version)
+            run_dir = run_folder(logger)
             run_dir.mkdir(parents=True, exist_ok=True)
             self.parser.save(self.config, run_dir / self.config_filename, overwrite=True)
             if stage == "fit":  # an evaluation resumes its training run: keep that run's config
