@@ -189,7 +189,9 @@ def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_pro
     process = start_paused_fit(groups, in_project_copy, tiny_shapes, step=STEPS_PER_EPOCH + 5)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 128 + signal.SIGTERM, "a preempted run must not exit with success"
-    (told,) = [line for line in process.stderr.read().decode().splitlines() if "resume this run with:" in line]
+    printed = process.stderr.read().decode()
+    assert "weights_only" not in printed, "Lightning's notice of a save that did not say what it keeps"
+    (told,) = [line for line in printed.splitlines() if "resume this run with:" in line]
     command = told.split("resume this run with: ", 1)[1]
     assert command.startswith("python -m {{ cookiecutter.package_name }} fit --trainer.accelerator=cpu"), told
     assert command.endswith(" --ckpt_path auto") and "PauseAt" in command, told

@@ -192,6 +192,14 @@ def test_a_resume_with_other_settings_starts_the_epoch_again_with_a_warning(tiny
     assert len(list(data.train_dataloader().sampler)) == 72 - 3 * 4  # the images of 3 batches were trained on
 
 
+def test_shard_prints_its_own_lines_only(monkeypatch, capsys, tiny_shapes, tmp_path):
+    shard(monkeypatch, tiny_shapes, tmp_path / "shards")
+    printed = capsys.readouterr().out.splitlines()
+    # Not LitData's status lines and its advert for its cloud ("Create an account on https://lightning.ai/").
+    assert [line.split(":")[0] for line in printed[:-1]] == ["train", "val", "test"], printed
+    assert printed[-1].startswith("Sharded 120 images of 6 classes")
+
+
 def test_a_folder_that_is_no_dataset_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.jpg").write_bytes(b"")

@@ -56,7 +56,7 @@ class CheckpointOnSigterm(L.Callback):
         if not isinstance(exception, SIGTERMException) or checkpoint is None or not checkpoint.dirpath:
             return
         path = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
-        trainer.save_checkpoint(path)  # every rank takes part, as sharded strategies need
+        trainer.save_checkpoint(path, weights_only=False)  # every rank takes part, as sharded strategies need
         rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}; resume this run with: {resume_command()}")
 
 

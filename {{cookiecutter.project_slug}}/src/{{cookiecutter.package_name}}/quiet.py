@@ -22,6 +22,7 @@ def silence_dependency_noise() -> None:
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(drop_advertising)
     logging.getLogger("litdata.streaming.dataset").addFilter(drop_uneven_shares_notice)
+    logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").addFilter(drop_weights_only_notice)
 
 
 def drop_advertising(record: logging.LogRecord) -> bool:
@@ -33,3 +34,9 @@ def drop_uneven_shares_notice(record: logging.LogRecord) -> bool:
     # LitData's notice that evaluation shares differ between processes, which is how every image counts
     # once; under FSDP and DeepSpeed, whose forward needs every process, they are evened out (data.py).
     return "have disabled the `drop_last` option" not in record.getMessage()
+
+
+def drop_weights_only_notice(record: logging.LogRecord) -> bool:
+    # Lightning's learning-rate finder (tune) saves its scratch checkpoint without saying what it keeps;
+    # the checkpoints of a run are written whole.
+    return "`weights_only` was not set" not in record.getMessage()

@@ -5,6 +5,8 @@ test/) and dataset.json, written last: the class names and the images of each sp
 is read through a local cache of chunks, which LitData fills ahead of training and trims to size.
 """
 
+import contextlib
+import io
 import json
 import os
 import tempfile
@@ -136,16 +138,19 @@ def write_manifest(location: str, manifest: dict) -> None:
 
 def write_split(encode: Callable[[Any], dict], inputs: list, location: str, workers: int, chunk_bytes: str) -> None:
     """One split's samples, each encoded by `encode` in one of `workers` processes, as chunks."""
-    optimize(
-        fn=encode,
-        inputs=inputs,
-        output_dir=location,
-        num_workers=workers,
-        chunk_bytes=chunk_bytes,
-        mode="overwrite",  # a rerun replaces what an earlier one left
-        reorder_files=False,  # keep the inputs' order (LitData otherwise sorts them by file size)
-        start_method="fork",  # from this command's one thread; spawn would start each worker from scratch
-    )
+    # LitData prints a dozen status lines per split and an advert for its cloud (its workers too,
+    # which fork with this redirection); its progress bar, on stderr, stays.
+    with contextlib.redirect_stdout(io.StringIO()):
+        optimize(
+            fn=encode,
+            inputs=inputs,
+            output_dir=location,
+            num_workers=workers,
+            chunk_bytes=chunk_bytes,
+            mode="overwrite",  # a rerun replaces what an earlier one left
+            reorder_files=False,  # keep the inputs' order (LitData otherwise sorts them by file size)
+            start_method="fork",  # from this command's one thread; spawn would start each worker from scratch
+        )
 
 
 def delete_manifest(location: str) -> None:

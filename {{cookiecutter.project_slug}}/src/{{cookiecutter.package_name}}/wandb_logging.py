@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
@@ -69,9 +70,13 @@ class BestModelWandbLogger(WandbLogger):
     @rank_zero_only
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
         super().log_metrics(metrics, step)
+        # Numbers only: log_image and log_table come through here too.
+        numbers = {name: value for name, value in metrics.items() if isinstance(value, (int, float, torch.Tensor))}
+        if not numbers:
+            return
         if self._local_metrics is None:
             self._local_metrics = AppendingExperimentWriter(log_dir=str(run_folder(self)))
-        self._local_metrics.log_metrics(metrics, step)
+        self._local_metrics.log_metrics(numbers, step)
 
     @rank_zero_only
     def save(self) -> None:
