@@ -106,7 +106,9 @@ def test_the_traceback_is_there_when_asked_for(monkeypatch, in_project_copy, tin
 def test_runs_that_cannot_be_written_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes):
     (in_project_copy / "taken").write_text("a file where the runs folder would go")
     message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--trainer.logger.save_dir=taken/runs"))
-    assert message.startswith("error: Cannot write the runs into taken/runs (")
+    assert message.startswith(
+        f"error: Cannot write the runs into taken/runs ({in_project_copy / 'taken'} is not a folder)"
+    )
     assert "point --trainer.logger.save_dir at a folder you can write" in message
 
 

@@ -146,6 +146,8 @@ class ImageDataModule(L.LightningDataModule):
                 f"Data folder {data_dir} does not exist: fix --data.data_dir. (data.synthetic draws the built-in "
                 f"shapes only into {BUILT_IN_SHAPES}, the default data_dir.)"
             )
+        if num_folds is not None and Path(data_dir).is_dir():
+            check_folds(Path(data_dir), num_folds)  # here, before a logger or a trainer starts
         self.save_hyperparameters()
         self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
         self.preprocessing = resolve_preprocessing(
@@ -488,18 +490,23 @@ def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split
     return splits
 
 
+def check_folds(data_dir: Path, num_folds: int) -> None:
+    """Refuse more folds than the rarest class has training images: some folds would validate on none of it."""
+    train_dir = train_folder(data_dir)
+    counts = {name: len(image_files_under(train_dir / name)) for name in find_classes(train_dir)}
+    rarest = min(counts, key=counts.get)
+    if counts[rarest] < num_folds:
+        raise DataError(
+            f"The class {rarest} has {counts[rarest]} training images in {train_dir}, fewer than the {num_folds} "
+            f"folds: some folds would validate on none of them. Use at most {counts[rarest]} folds."
+        )
+
+
 def fold_samples(data_dir: Path, classes: list[str], num_folds: int, fold: int, split_seed: int) -> dict[str, list]:
     """The (path, label) pairs of the training images outside `fold` and inside it, as train and val
     (and test/ when there is one)."""
     train_dir, test_dir = train_folder(data_dir), data_dir / "test"
     samples = find_images(train_dir, classes)
-    counts = torch.bincount(torch.tensor([label for _, label in samples]), minlength=len(classes)).tolist()
-    if min(counts) < num_folds:
-        rarest = counts.index(min(counts))
-        raise DataError(
-            f"The class {classes[rarest]} has {counts[rarest]} training images in {train_dir}, fewer than the "
-            f"{num_folds} folds: some folds would validate on none of them. Use at most {counts[rarest]} folds."
-        )
     folds = stratified_folds([label for _, label in samples], num_folds, split_seed)
     splits = {
         "train": [sample for sample, k in zip(samples, folds, strict=True) if k != fold],

@@ -9,7 +9,6 @@ early stopping) leaves checkpoints/finished.json; an interrupted one (SIGTERM, a
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -35,17 +34,18 @@ def newest_run(root: Path) -> Path:
 
 
 def check_writable(folder: Path, option: str) -> None:
-    """Fail in one line, before training, where the runs cannot be written (a read-only mount, another
-    user's folder), rather than at the first log line or checkpoint."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".writable-"):
-            pass
-    except OSError as error:
+    """Fail in one line, before training, where the runs cannot be written (a read-only mount, a
+    file in the way), rather than at the first log line or checkpoint. Nothing is created."""
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    reason = (
+        "is not a folder" if not existing.is_dir() else "" if os.access(existing, os.W_OK | os.X_OK) else "is read-only"
+    )
+    if reason:
         raise ConfigError(
-            f"Cannot write the runs into {folder} ({error.strerror or error}): point {option} at a folder "
-            "you can write."
-        ) from None
+            f"Cannot write the runs into {folder} ({existing} {reason}): point {option} at a folder you can write."
+        )
 
 
 def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:
