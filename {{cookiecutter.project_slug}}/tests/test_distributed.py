@@ -80,8 +80,9 @@ def test_ddp_splits_the_data_into_one_run(in_project_copy, uneven_shapes):
     runs = [path for path in (in_project_copy / "runs" / "dist").iterdir()]
     assert len(runs) == 1, f"one run folder expected, found {runs}"
     assert len(list(in_project_copy.rglob("config.yaml"))) == 1
-    names, best, last = sorted(path.name for path in (runs[0] / "checkpoints").iterdir())
-    assert (names, last) == ("class_names.json", "last.ckpt") and best.startswith("epoch000-acc")
+    names, best, finished, last = sorted(path.name for path in (runs[0] / "checkpoints").iterdir())
+    assert (names, finished, last) == ("class_names.json", "finished.json", "last.ckpt")
+    assert best.startswith("epoch000-acc")
     # The EMA of the weights, updated at each of the 3 steps (36 images per process, batches of 11).
     saved = torch.load(runs[0] / "checkpoints" / last, weights_only=True)
     assert saved["global_step"] == 3 and saved["averaging_state"]["n_averaged"] == 3
