@@ -48,6 +48,17 @@ def test_train_benchmark_reports_images_per_second(monkeypatch, capsys, in_proje
     assert not (in_project_copy / "config.yaml").exists()
 
 
+def test_train_benchmark_compares_precisions_side_by_side(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    options = ["--steps=2", "--warmup=1", "--precision=all", *on_data(tiny_shapes), "--data.num_workers=0"]
+    run_command(monkeypatch, "benchmark", "train", "--trainer.devices=1", *options)
+    printed = capsys.readouterr().out.splitlines()
+    header = printed.index("precision     images/s  vs 32-true")
+    rows = [line.split() for line in printed[header + 1 : header + 3]]
+    assert [row[0] for row in rows] == ["32-true", "bf16-mixed"] and rows[0][2] == "1.00x"
+    assert all(float(row[1]) > 0 for row in rows)
+    assert printed[-1].startswith("Fastest here: ")
+
+
 def test_flops_are_counted_for_forward_and_backward():
     # resnet18 at 64 px: about 0.15 GMAC forward, so ~0.9 GFLOP with the backward pass's two matmuls.
     assert 0.6e9 < flops_per_image(ImageClassifier(num_classes=6, backbone="resnet18"), 64) < 1.2e9

@@ -2,13 +2,14 @@
 test's fallback and the template's generation check, for every preset, accelerator and precision."""
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import yaml
 from conftest import PROJECT_ROOT
 
 from {{ cookiecutter.package_name }} import doctor, hardware
-from {{ cookiecutter.package_name }}.hardware_rules import Settings, from_trainer, problems, runnable
+from {{ cookiecutter.package_name }}.hardware_rules import Settings, fastest_precision, from_trainer, problems, runnable
 
 PRESETS = sorted((PROJECT_ROOT / "configs" / "trainer").glob("*.yaml"))
 BASE = {"python": "3.12", "torch": "2.9", "cuda": None, "cudnn": None, "nccl": None, "gpus": [], "mps": False}
@@ -56,10 +57,12 @@ def test_every_user_of_the_rules_agrees(monkeypatch, project_config, machine_nam
         failed = [(check.what, check.fix) for check in doctor.checks(facts, config) if check.verdict == "fail"]
         assert failed == [(problem.what, problem.fix) for problem in found], case
 
-        # The smoke test runs the settings as they are, or settings this machine runs.
+        # The smoke test runs the settings as they are (in the CPU's fastest precision), or settings this machine runs.
         ran, why = runnable(settings, machine)
         assert problems(ran, machine) == [], case
-        assert (ran == settings) is (not found) and why == (found[0].what if found else ""), case
+        fastest, slower = fastest_precision(settings, machine)
+        assert (ran == replace(settings, precision=fastest)) is (not found), case
+        assert why == (found[0].what if found else slower), case
 
         # What the generation check refuses, knowing no machine, is refused on every machine.
         assert {p.what for p in problems(settings)} <= {p.what for p in found}, case
@@ -98,16 +101,17 @@ def test_too_many_devices_fall_back_to_the_gpus_there_are():
     [
         ("cpu only", "auto", False, "32-true"),  # emulated bfloat16: float32 instead
         ("cpu only", "cpu", False, "32-true"),
-        ("cpu only", "auto", True, "bf16-mixed"),  # AVX-512 or AMX: bfloat16 as configured
+        ("cpu only", "auto", True, "32-true"),  # AVX-512 or AMX: autocast still measured slower than float32
+        ("cpu only", "cpu", True, "bf16-mixed"),  # put on the CPU on purpose: as configured
         ("eight h100", "auto", False, "bf16-mixed"),  # on the GPUs, whatever the CPU does
     ],
 )
-def test_bfloat16_is_not_emulated_on_a_cpu_without_it(monkeypatch, machine_name, accelerator, cpu_bf16, trained_in):
+def test_the_cpu_trains_in_its_fastest_precision(monkeypatch, machine_name, accelerator, cpu_bf16, trained_in):
     facts = MACHINES[machine_name] | {"cpu_bf16": cpu_bf16}
     monkeypatch.setattr(hardware, "machine_facts", lambda: facts)
     trainer = {"accelerator": accelerator, "devices": 1, "strategy": "auto", "precision": "bf16-mixed"}
     hardware.settle_precision(trainer)
     assert trainer["precision"] == trained_in
     ran, _ = runnable(Settings("gpu", 1, "auto", "bf16-mixed"), hardware.machine_of(facts))
-    if not facts["gpus"]:  # no GPU: the smoke test falls back to the CPU, in the precision it runs fast
-        assert ran.precision == trained_in
+    if not facts["gpus"]:  # no GPU: the smoke test falls back to the CPU, in float32
+        assert ran.precision == "32-true"

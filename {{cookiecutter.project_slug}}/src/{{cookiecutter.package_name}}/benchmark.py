@@ -3,7 +3,8 @@
 data: images/s of the training data loader for growing num_workers, until more workers stop paying;
       writes the best setting to configs/tuned.yaml (use it with --config configs/tuned.yaml).
 train: images/s of training steps with the current configuration, and on NVIDIA GPUs the model
-      FLOP utilisation (MFU) against the GPU's peak for the precision.
+      FLOP utilisation (MFU) against the GPU's peak for the precision; with --precision, of each
+      precision side by side.
 Options after the command are the usual CLI options (--config, --data.batch_size 128, ...).
 """
 
@@ -96,7 +97,7 @@ def flops_per_image(model: ImageClassifier, image_size: int) -> int:
     return measure_flops(copy, lambda: copy(images), lambda logits: logits.sum())
 
 
-def benchmark_train(cli_args: list[str], steps: int, warmup: int) -> None:
+def benchmark_train(cli_args: list[str], steps: int, warmup: int) -> tuple[str, float] | None:
     # No validation, checkpoints, logger or callbacks: only the training steps are timed.
     quiet = [f"--trainer.max_steps={warmup + steps}", "--trainer.limit_val_batches=0", "--trainer.callbacks=[]",
              "--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
@@ -109,7 +110,7 @@ def benchmark_train(cli_args: list[str], steps: int, warmup: int) -> None:
         raise ConfigError(f"Too few training batches for {warmup} warm-up and {steps} timed steps: lower --steps.")
     trainer, per_process = cli.trainer, timer.images / timer.elapsed
     if not trainer.is_global_zero:
-        return
+        return None
     speed = per_process * trainer.world_size
     device = trainer.strategy.root_device
     print(f"Training: {cli.model.hparams.backbone}, {trainer.precision}, {trainer.world_size} x {device.type}")
@@ -122,6 +123,32 @@ def benchmark_train(cli_args: list[str], steps: int, warmup: int) -> None:
         print(f"  MFU {100 * used / peak:.1f} % of {torch.cuda.get_device_name(device)}'s {peak / 1e12:.0f} TFLOP/s")
     else:
         print("  MFU: needs an NVIDIA GPU whose peak FLOP/s Lightning knows")
+    return trainer.precision, speed
+
+
+def benchmark_precisions(cli_args: list[str], precisions: list[str], steps: int, warmup: int) -> None:
+    """benchmark_train in each precision, then their images/s side by side."""
+    # As asked: a run left to pick its device (accelerator auto) trains on a CPU in its fastest precision.
+    on_cpu = [] if torch.cuda.is_available() or torch.backends.mps.is_available() else ["--trainer.accelerator=cpu"]
+    measured = [
+        benchmark_train([*cli_args, *on_cpu, f"--trainer.precision={asked}"], steps, warmup) for asked in precisions
+    ]
+    if measured[0] is None:
+        return  # not rank 0
+    baseline = dict(measured).get("32-true")
+    print(f"{'precision':<12}{'images/s':>10}{'vs 32-true':>12}")
+    for asked, (ran, speed) in zip(precisions, measured, strict=True):
+        versus = f"{speed / baseline:.2f}x" if baseline else "-"
+        print(f"{asked:<12}{speed:>10.0f}{versus:>12}" + (f"  (ran as {ran})" if ran != asked else ""))
+    fastest = max(zip(precisions, measured, strict=True), key=lambda row: row[1][1])[0]
+    print(f"Fastest here: {fastest} (--trainer.precision {fastest})")
+
+
+def precision_list(text: str) -> list[str]:
+    """--precision: "all" (those this machine trains in), or a comma-separated list."""
+    if text == "all":
+        return ["32-true", "bf16-mixed", *(["16-mixed"] if torch.cuda.is_available() else [])]
+    return [precision.strip() for precision in text.split(",") if precision.strip()]
 
 
 def worker_counts(text: str) -> list[int]:
@@ -145,9 +172,14 @@ def main(args: list[str]) -> int:
     )
     parser.add_argument("--steps", type=int, default=30, help="train: steps timed")
     parser.add_argument("--warmup", type=int, default=5, help="train: steps run before timing")
+    parser.add_argument(
+        "--precision", type=precision_list, help="train: precisions to compare, as 32-true,bf16-mixed, or all"
+    )
     options, cli_args = parser.parse_known_args(args)
     if options.what == "data":
         benchmark_data(cli_args, options.batches, options.workers)
+    elif options.precision:
+        benchmark_precisions(cli_args, options.precision, options.steps, options.warmup)
     else:
         benchmark_train(cli_args, options.steps, options.warmup)
     return 0

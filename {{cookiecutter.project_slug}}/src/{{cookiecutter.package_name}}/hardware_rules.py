@@ -175,10 +175,23 @@ def problems(settings: Settings, machine: Machine | None = None) -> list[Problem
 
 
 def fastest_precision(settings: Settings, machine: Machine) -> tuple[str, str]:
-    """The precision to train with, and why it is not the configured one ("" when it is): bfloat16
-    autocast on a CPU that emulates it (AVX2 only) is many times slower than float32, and no more accurate."""
-    if target(settings, machine) == "cpu" and settings.precision.startswith("bf16") and not machine.bf16_on_cpu:
+    """The precision to train with, and why it is not the configured one ("" when it is).
+
+    bfloat16 on a CPU that emulates it (AVX2 only) is many times slower than float32, and no more
+    accurate. On a CPU that computes it (AVX-512 BF16, AMX), autocast was still measured slower than
+    float32 (resnet18 at 32 px: 0.82x on a 2-core Xeon with AMX), so a run that lands on the CPU
+    without asking for it (accelerator auto) trains in float32; one put there on purpose
+    (accelerator cpu) keeps its bf16-mixed, for the CPUs where `benchmark train --precision all` shows it faster.
+    """
+    if target(settings, machine) != "cpu" or not settings.precision.startswith("bf16"):
+        return settings.precision, ""
+    if not machine.bf16_on_cpu:
         return "32-true", f"this CPU lacks bfloat16 arithmetic: {settings.precision} would run emulated, far slower"
+    if settings.precision == "bf16-mixed" and settings.accelerator != "cpu":
+        return "32-true", (
+            "bfloat16 autocast on a CPU is measured slower than float32 (resnet18: 0.82x on a Xeon with AMX); "
+            "`benchmark train --precision all` compares them here, and --trainer.accelerator cpu keeps bf16-mixed"
+        )
     return settings.precision, ""
 
 
@@ -193,6 +206,7 @@ def runnable(settings: Settings, machine: Machine) -> tuple[Settings, str]:
         fewer = replace(settings, devices=str(len(machine.cuda_gpus)))
         if not problems(fewer, machine):
             return fewer, found[0].what
-    cpu_precision = "32-true" if settings.precision.startswith("16") else settings.precision
+    # Mixed precision was asked for the GPUs; on the CPU float32 is the faster (fastest_precision).
+    cpu_precision = "32-true" if settings.precision.endswith("-mixed") else settings.precision
     cpu = Settings(accelerator="cpu", devices="1", strategy="auto", precision=cpu_precision)
     return replace(cpu, precision=fastest_precision(cpu, machine)[0]), found[0].what
