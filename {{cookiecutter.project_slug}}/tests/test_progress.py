@@ -54,6 +54,19 @@ def test_lines_every_n_steps_and_per_epoch_with_the_epochs_numbers(monkeypatch, 
     assert " train/loss_epoch " in lines[-1] and " train/loss " not in lines[-1], "one loss, not the same one twice"
 
 
+def test_a_first_line_after_ten_steps_then_one_every_thirty_seconds_at_most(monkeypatch, capsys, tiny_shapes):
+    clock = itertools.count(start=1.0, step=2.0)  # each reading two seconds after the last: 2 s a step
+    monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    model = ImageClassifier(num_classes=6, backbone="resnet18", pretrained=False)
+    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=2, image_size=32)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=34, limit_val_batches=0, logger=False,
+                        enable_checkpointing=False, enable_model_summary=False, callbacks=[LogLines()])  # fmt: skip
+    trainer.fit(model, data)
+    steps = re.findall(r"^Epoch 0/0  step (\d+)/34", capsys.readouterr().out, re.MULTILINE)
+    # Not a line every 100 steps, which a slow epoch would never print: after step 10 (20 s), then 30 s later.
+    assert steps == ["10", "25"], steps
+
+
 @pytest.mark.parametrize("terminal", [False, True])
 def test_output_that_is_no_terminal_gets_lines_for_a_bar(monkeypatch, capsys, in_project_copy, tiny_shapes, terminal):
     monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal)

@@ -8,17 +8,22 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
 
+# The run's first line comes after this many steps, so a log shows early that training goes.
+FIRST_LINE_STEPS = 10
+
 
 class LogLines(ProgressBar):
-    """A line every `every_n_steps` training steps (epoch, step, the progress-bar metrics, images/s),
-    and one per epoch after its validation (every logged metric, images/s, time)."""
+    """A line every `every_n_steps` training steps or `every_seconds`, whichever comes first, and after
+    the run's first 10 steps (epoch, step, the progress-bar metrics, images/s); and one per epoch
+    after its validation (every logged metric, images/s, time)."""
 
-    def __init__(self, every_n_steps: int = 100) -> None:
+    def __init__(self, every_n_steps: int = 100, every_seconds: float = 30.0) -> None:
         super().__init__()
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be a positive number of steps, not {every_n_steps}")
-        self.every_n_steps = every_n_steps
+        if every_n_steps < 1 or every_seconds <= 0:
+            raise ValueError(f"every_n_steps and every_seconds must be positive, not {every_n_steps}, {every_seconds}")
+        self.every_n_steps, self.every_seconds = every_n_steps, every_seconds
         self._enabled = True
+        self._lines = 0  # step lines printed in this run
 
     def disable(self) -> None:
         self._enabled = False
@@ -31,20 +36,27 @@ class LogLines(ProgressBar):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = self._interval_start = time.perf_counter()
-        self._epoch_images = self._interval_images = 0
+        self._epoch_images = self._interval_images = self._interval_steps = 0
         self._train_seconds = 0.0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         images = len(batch[0] if isinstance(batch, (list, tuple)) else batch) * trainer.world_size
         self._epoch_images += images
         self._interval_images += images
+        self._interval_steps += 1
         now = time.perf_counter()
         self._train_seconds = now - self._epoch_start
         steps = self.total_train_batches
-        if (batch_idx + 1) % self.every_n_steps or (math.isfinite(steps) and batch_idx + 1 >= steps):
+        due = (
+            self._interval_steps >= self.every_n_steps
+            or now - self._interval_start >= self.every_seconds
+            or (self._lines == 0 and self._interval_steps >= FIRST_LINE_STEPS)
+        )
+        if not due or (math.isfinite(steps) and batch_idx + 1 >= steps):
             return  # the epoch's own line follows its last step
         rate = self._interval_images / max(now - self._interval_start, 1e-9)
-        self._interval_start, self._interval_images = now, 0
+        self._interval_start, self._interval_images, self._interval_steps = now, 0, 0
+        self._lines += 1
         total = f"/{steps}" if math.isfinite(steps) else ""
         metrics = {k: float(v) for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
         self._print(f"{self._epoch(trainer)}  step {batch_idx + 1}{total}", metrics, f"{rate:.0f} img/s")
