@@ -29,6 +29,15 @@ def on_data(data_dir: Path, batch_size: int = 8) -> list[str]:
 os.environ["WANDB_MODE"] = "offline"
 
 
+@pytest.fixture(autouse=True)
+def nothing_written_into_the_project():
+    """Tests write into scratch folders: the project folder stays as its user keeps it (no runs/, reports/)."""
+    before = set(os.listdir(PROJECT_ROOT))
+    yield
+    added = set(os.listdir(PROJECT_ROOT)) - before - {".pytest_cache"}
+    assert not added, f"the test wrote {sorted(added)} into the project folder"
+
+
 {%- if cookiecutter.logger == "wandb" %}
 
 

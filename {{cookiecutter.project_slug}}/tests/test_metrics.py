@@ -57,7 +57,8 @@ def test_test_loss_is_the_mean_over_every_image(tiny_shapes, tmp_path, batch_siz
     torch.manual_seed(0)
     model = ImageClassifier(num_classes=6, batch_size=batch_size)
     data = ImageDataModule(uneven, num_workers=0, batch_size=batch_size, image_size=32)
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)  # fmt: skip
     (logged,) = trainer.test(model, data, verbose=False)
 
     model.eval()
