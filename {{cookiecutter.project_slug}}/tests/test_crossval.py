@@ -76,6 +76,8 @@ def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in
 {%- endif %}
     summary = (folder / "summary.md").read_text()
     assert f"{mean:.4f} ± {std:.4f}" in summary, summary
+    steps = [results[seed]["step"] for seed in (0, 1)]  # the best checkpoint's step: a count, shown as one
+    assert f"| seed0 | {results[0]['epoch']:.0f} | {steps[0]:.0f} | " in summary, summary
     assert (folder / "summary.png").stat().st_size
     # Again: both runs are kept, none trained.
     capsys.readouterr()

@@ -83,15 +83,20 @@ def summarise(runs: list[str], folder: Path) -> int:
         print(f"Not trained yet: {', '.join(missing)}; run the same command again to train them.")
         return 1
     names = sorted({metric for metrics in results.values() for metric in metrics})
+    # Counts (the best checkpoint's epoch and step) as counts: 14, and 13.5 ± 0.71 across runs.
+    counts = {name for name in names if all(float(m[name]).is_integer() for m in results.values() if name in m)}
+
+    def shown(name: str, value: float) -> str:
+        return f"{value:.4g}" if name in counts else f"{value:.4f}"
+
     lines = [f"| run | {' | '.join(names)} |", "|" + " --- |" * (len(names) + 1)]
     lines += [
-        f"| {run} | " + " | ".join(f"{metrics.get(n, float('nan')):.4f}" for n in names) + " |"
+        f"| {run} | " + " | ".join(shown(n, metrics.get(n, float("nan"))) for n in names) + " |"
         for run, metrics in results.items()
     ]
     stats = {name: spread([metrics[name] for metrics in results.values() if name in metrics]) for name in names}
-    lines.append(
-        f"| mean ± std ({len(results)} runs) | " + " | ".join(f"{m:.4f} ± {s:.4f}" for m, s in stats.values()) + " |"
-    )
+    spreads = [f"{shown(name, mean)} ± {shown(name, std)}" for name, (mean, std) in stats.items()]
+    lines.append(f"| mean ± std ({len(results)} runs) | " + " | ".join(spreads) + " |")
     table = "\n".join(lines)
     (folder / "summary.md").write_text(f"# {folder.name}\n\n{table}\n")
     draw_spread(results, names, stats, folder / "summary.png")
