@@ -163,6 +163,15 @@ def test_convolutional_backbones_train_channels_last(tiny_shapes, backbone, chan
     assert all(k.is_contiguous() for k in kernels) != expected
 
 
+def test_the_cpu_steps_adamw_with_its_fused_kernel(tiny_shapes):
+    model = ImageClassifier(num_classes=6, backbone="resnet18")
+    trainer = L.Trainer(accelerator="cpu", fast_dev_run=True, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.fit(model, ImageDataModule(tiny_shapes, num_workers=0, batch_size=4, image_size=32))
+    (optimizer,) = trainer.optimizers
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is True
+
+
 def test_compile_mode_compiles_the_backbone_in_place(monkeypatch):
     compiled = []
     model = ImageClassifier(num_classes=3, compile_mode="reduce-overhead")
