@@ -1,4 +1,7 @@
+import subprocess
+import sys
 import threading
+import time
 import warnings
 from collections import Counter
 from types import SimpleNamespace
@@ -6,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import ON_CPU, on_data, run_cli
+from conftest import ON_CPU, command_env, kill_group, on_data, run_cli
 from PIL import Image
 from torch.utils.data import Dataset
 
@@ -267,3 +270,32 @@ def test_batches_take_the_precisions_input_type_once_they_are_floats(monkeypatch
     # convolution ("Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should be the same").
     bf16_true = ["--trainer.precision=bf16-true", "--trainer.fast_dev_run=true"]
     run_cli(monkeypatch, "fit", *ON_CPU, *bf16_true, *on_data(tiny_shapes))
+
+
+LOADER_LEFT_OPEN = """
+import sys
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+
+if __name__ == "__main__":
+    data = ImageDataModule(sys.argv[1], num_workers=2, batch_size=8, image_size=32)
+    data.setup("fit")
+    batches = iter(data.train_dataloader())
+    next(batches)
+    print("done", flush=True)
+"""
+
+
+def test_a_process_whose_workers_are_still_up_exits_at_once(tiny_shapes, tmp_path):
+    # The workers leave others' SIGTERMs to the training process, not its own: multiprocessing ends
+    # the workers it left running with one as the process exits.
+    script = tmp_path / "open_loader.py"
+    script.write_text(LOADER_LEFT_OPEN)
+    command = [sys.executable, str(script), str(tiny_shapes)]
+    process = subprocess.Popen(command, env=command_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert process.stdout.readline().strip() == "done"
+        printed = time.monotonic()
+        process.wait(timeout=60)
+        assert time.monotonic() - printed < 5, "the process hung at exit on its data workers"
+    finally:
+        kill_group(process)

@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -389,7 +390,9 @@ class ImageDataModule(L.LightningDataModule):
             persistent_workers=workers > 0,
             prefetch_factor=self.hparams.prefetch_factor if workers > 0 else None,
             multiprocessing_context=worker_context(self.hparams.worker_start_method) if workers > 0 else None,
-            worker_init_fn=functools.partial(start_worker, rank=self.trainer.global_rank if self.trainer else 0),
+            worker_init_fn=functools.partial(
+                start_worker, rank=self.trainer.global_rank if self.trainer else 0, trainer_pid=os.getpid()
+            ),
             # Its own generator for the workers' base seed, which DataLoader otherwise draws from the
             # process's random state at each new iterator: a resumed run would draw once more.
             generator=torch.Generator().manual_seed(run_seed()),
@@ -421,13 +424,22 @@ def worker_context(method: str) -> multiprocessing.context.BaseContext:
     return context
 
 
-def start_worker(worker_id: int, rank: int) -> None:
-    """Each data worker ignores SIGTERM, which a scheduler (scancel, `timeout`, a pod's stop) sends
-    the whole process group: the training process then saves its checkpoint and ends the workers
-    itself, where a worker killed mid-batch would crash it first. Then Lightning's worker seeding."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def start_worker(worker_id: int, rank: int, trainer_pid: int) -> None:
+    """Each data worker leaves a SIGTERM that a scheduler sends to all of a job's processes (scancel,
+    `timeout`, a terminal) to the training process, which saves its checkpoint and then ends the
+    workers itself; a worker killed mid-batch would crash it first. A SIGTERM from the training
+    process (multiprocessing ending its workers at exit) still ends the worker. Then Lightning's seeding."""
+    if hasattr(signal, "sigwaitinfo"):  # Linux; elsewhere workers start by spawn and keep the default
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # for every thread of the worker
+        threading.Thread(target=end_on_sigterm_from, args=(trainer_pid,), name="sigterm-watch", daemon=True).start()
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id, rank)
+
+
+def end_on_sigterm_from(sender: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == sender:
+            os._exit(0)
 
 
 def usable_cpus() -> int:
