@@ -236,7 +236,7 @@ class ClassifierCLI(LightningCLI):
 def place_runs(trainer: Namespace) -> None:
     """Runs go where the logger's save_dir says, under trainer.default_root_dir when one is given
     (Lightning would otherwise ignore it beside a logger); refused in one line where they cannot be written."""
-    logger = first_logger(Namespace(trainer=trainer))
+    logger = first_logger(trainer)
     if logger is None:
         check_writable(Path(trainer.default_root_dir or "."), "--trainer.default_root_dir")
         return

@@ -1,6 +1,7 @@
 """One image read from a file or its bytes: decoded upright in RGB, transformed and labelled, or
 skipped with a warning naming it; what the folder and the streaming datasets, classify and serve share."""
 
+import contextlib
 import io
 import warnings
 
@@ -34,12 +35,9 @@ class ImageFiles(Dataset):
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int] | None:
         """The sample at an index; at (index, seed), from EpochSampler, augmented with draws seeded by `seed`."""
-        if isinstance(key, int):
-            path, label = self.samples[key]
-            return labelled_image(path, label, path, self.image_transform, self.skip_unreadable)
-        index, seed = key
+        index, seed = (key, None) if isinstance(key, int) else key
         path, label = self.samples[index]
-        with seeded_draws(seed):
+        with contextlib.nullcontext() if seed is None else seeded_draws(seed):
             return labelled_image(path, label, path, self.image_transform, self.skip_unreadable)
 
 

@@ -21,7 +21,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
 from .errors import ConfigError, DataError, MissingError
-from .run_folders import last_checkpoints
+from .run_folders import finished, last_checkpoints
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
 HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method", "data.cache_dir",
@@ -42,18 +42,19 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
     at the run of the checkpoint, so that a `fit` carries on in its folder and an evaluation's
     metrics, reports and config land beside the run they evaluate. Whether a fit continues a run."""
     requested = config.get("ckpt_path")
-    logger = first_logger(config)
+    logger = first_logger(config.trainer)
     if requested in RESUME_WORDS:
-        root, found = runs_of(config, logger, unfinished_only=requested == "auto" and subcommand == "fit")
+        root, runs = runs_of(config, logger)
+        found = [last for last in runs if not finished(last)] if requested == "auto" and subcommand == "fit" else runs
         if not found:
             if requested == "last":
                 raise MissingError(
                     f"--ckpt_path last: there is no */checkpoints/last.ckpt under {root}. "
                     "Use --ckpt_path auto to start a new run when there is none."
                 )
-            finished = " that did not finish" if runs_of(config, logger)[1] else ""
-            further = " (to train the newest further: --ckpt_path last --trainer.max_epochs=<more>)" if finished else ""
-            rank_zero_info(f"--ckpt_path auto: no run{finished} under {root}, so this is a new run{further}")
+            unfinished = " that did not finish" if runs else ""
+            further = " (to train the newest further: --ckpt_path last --trainer.max_epochs=<more>)" if runs else ""
+            rank_zero_info(f"--ckpt_path auto: no run{unfinished} under {root}, so this is a new run{further}")
             config.ckpt_path = None
             return False
         config.ckpt_path = str(found[-1])
@@ -119,8 +120,9 @@ def as_plain(options: Namespace | dict | None) -> dict:
 
 
 def differences(saved: dict, now: dict) -> list[tuple[str, object, object]]:
+    """(name, saved value, value now) of each option that differs between two plain dicts."""
     return [(name, saved.get(name), now.get(name)) for name in sorted(saved.keys() | now.keys())
-            if as_plain({"value": saved.get(name)}) != as_plain({"value": now.get(name)})]  # fmt: skip
+            if saved.get(name) != now.get(name)]  # fmt: skip
 
 
 def resume_command(argv: list[str] | None = None) -> str:
@@ -189,21 +191,21 @@ def _checkpoint_keys(path: Path) -> list:
     return list(saved) if isinstance(saved, dict) else []
 
 
-def first_logger(config: Namespace) -> Namespace | None:
-    """The logger that lays out the run folders (the first, as in Lightning), if any."""
-    logger = config.trainer.logger
+def first_logger(trainer: Namespace) -> Namespace | None:
+    """The logger of a trainer config that lays out the run folders (the first, as in Lightning), if any."""
+    logger = trainer.logger
     if isinstance(logger, list):
         logger = logger[0] if logger else None
     return logger if isinstance(logger, Namespace) else None
 
 
-def runs_of(config: Namespace, logger: Namespace | None, unfinished_only: bool = False) -> tuple[Path, list[Path]]:
-    """Where the runs of `logger` are, and their last.ckpt files (only the unfinished runs'), oldest first."""
+def runs_of(config: Namespace, logger: Namespace | None) -> tuple[Path, list[Path]]:
+    """Where the runs of `logger` are, and their last.ckpt files, oldest first."""
     if logger is None:  # without a logger, checkpoints go to default_root_dir/checkpoints
         root = Path(config.trainer.default_root_dir or os.getcwd())
-        return root, [path for path in last_checkpoints(root, unfinished_only) if path.parent == root / "checkpoints"]
+        return root, [path for path in [root / "checkpoints" / "last.ckpt"] if path.exists()]
     root = run_root(logger)
-    return root, last_checkpoints(root, unfinished_only)
+    return root, last_checkpoints(root)
 
 
 def run_root(logger: Namespace) -> Path:

@@ -18,11 +18,14 @@ from .errors import ConfigError, MissingError
 FINISHED = "finished.json"
 
 
-def last_checkpoints(root: Path, unfinished_only: bool = False) -> list[Path]:
-    """The last.ckpt of every run under `root`, oldest first; only those of the runs that did not
-    finish, with `unfinished_only`."""
-    found = sorted(root.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
-    return [path for path in found if not (unfinished_only and (path.parent / FINISHED).is_file())]
+def last_checkpoints(root: Path) -> list[Path]:
+    """The last.ckpt of every run under `root` (a file, or a folder of shards), oldest first."""
+    return sorted(root.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
+
+
+def finished(last: Path) -> bool:
+    """Whether the run of a last.ckpt has ended (rather than been interrupted)."""
+    return (last.parent / FINISHED).is_file()
 
 
 def newest_run(root: Path) -> Path:
