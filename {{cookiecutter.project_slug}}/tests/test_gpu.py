@@ -70,7 +70,7 @@ def test_a_sharded_checkpoint_resumes_and_consolidates_into_the_trained_weights(
     fit(in_project_copy, *common)
     ranks = in_project_copy / "ranks"
     outputs = {"class_path": "helper_callbacks.RecordOutputs", "init_args": {"folder": str(ranks)}}
-    fit(in_project_copy, *common, "--trainer.max_epochs=2", "--ckpt_path=auto", record(ranks),
+    fit(in_project_copy, *common, "--trainer.max_epochs=2", "--ckpt_path=last", record(ranks),
         f"--trainer.callbacks+={json.dumps(outputs)}")  # fmt: skip
     (resumed,) = seen(ranks)
     assert resumed["start_step"] == 2, "the second run went on from the first one's last step"

@@ -243,7 +243,7 @@ def test_a_resumed_run_appends_to_its_metrics(monkeypatch, in_project_copy, tiny
     # The logger as configs/default.yaml sets it up, not only as the other tests name it.
     short = [*TRAINER[:4], *data(tiny_shapes), "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     run_cli(monkeypatch, "fit", *short, "--trainer.max_epochs=1")
-    run_cli(monkeypatch, "fit", *short, "--trainer.max_epochs=2", "--ckpt_path=auto")
+    run_cli(monkeypatch, "fit", *short, "--trainer.max_epochs=2", "--ckpt_path=last")  # the finished run, further
     (metrics,) = (in_project_copy / "runs").glob("*/*/metrics.csv")
     validated = [row["epoch"] for row in csv.DictReader(metrics.open()) if row.get("val/acc")]
     assert validated == ["0", "1"], "the resumed run must keep the first epoch's metrics"
