@@ -45,6 +45,10 @@ TORCHVISION_CLASSIFIERS = {
     "vit_l_16", "vit_l_32", "wide_resnet101_2", "wide_resnet50_2",
 }  # fmt: skip
 
+# The Pythons torch and lightning publish wheels for, and so the project's oldest Python may be. A text
+# answer rather than a menu: cookiecutter refuses a value outside a menu with a traceback of its own.
+PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
+
 # cookiecutter.json's stand-in slug for a project_name that slugifies to nothing: an empty slug would
 # make the output folder itself the project and fail with "directory already exists".
 NO_SLUG = "-"
@@ -124,8 +128,11 @@ def problems(answers: dict[str, str]) -> list[str]:
             f"package_name {package!r} shadows the {'standard library' if package in STDLIB else 'dependency'} "
             f"module of that name: pick another (e.g. package_name={package}_classifier)."
         )
-    if not re.fullmatch(r"3\.\d+", answers["python_version"]):
-        found.append(f"python_version {answers['python_version']!r} is not a Python 3 version such as 3.11.")
+    if answers["python_version"] not in PYTHON_VERSIONS:
+        found.append(
+            f"python_version {answers['python_version']!r} is not one the project's dependencies (torch, lightning) "
+            f"support: use one of {', '.join(PYTHON_VERSIONS)} (e.g. python_version=3.11)."
+        )
     backbone = answers["backbone"]
     if backbone.startswith("timm/"):
         if not is_timm_model(backbone):
@@ -147,7 +154,7 @@ def problems(answers: dict[str, str]) -> list[str]:
 if __name__ == "__main__":
     found = problems(ANSWERS)
     for problem in found:
-        print(f"ERROR: {problem}", file=sys.stderr)
+        print(f"error: {problem}", file=sys.stderr)
     if found:
         # A failing hook is the only way cookiecutter offers to stop, and it follows with a traceback of its own.
         print(

@@ -84,7 +84,7 @@ def test_cruft_create_checks_the_hardware_answers_too(tmp_path, template_repo):
     answers = {"accelerator": "cpu", "precision": "16-mixed"}
     refused = run(CRUFT, "create", "--no-input", str(template_repo), "--output-dir", str(tmp_path / "out"),
                   "--extra-context", json.dumps(answers), cwd=tmp_path, status=1)  # fmt: skip
-    assert "ERROR: precision 16-mixed is float16 autocast for GPUs" in refused, refused
+    assert "error: precision 16-mixed is float16 autocast for GPUs" in refused, refused
     assert not (tmp_path / "out" / "image-classifier").exists()
 
 

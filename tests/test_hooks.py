@@ -27,6 +27,8 @@ REFUSED = [
     ({"backbone": "ResNet-18"}, "backbone 'ResNet-18' is not a torchvision classification model (nor timm/<model>)"),
     ({"backbone": "not_a_model"}, "backbone 'not_a_model' is not a torchvision classification model"),
     ({"backbone": "timm/not_a_model.x"}, "backbone 'timm/not_a_model.x' is not a timm model"),
+    ({"python_version": "2.7"}, "python_version '2.7' is not one the project's dependencies (torch, lightning) support"),
+    ({"python_version": "3.9"}, "use one of 3.10, 3.11, 3.12, 3.13 (e.g. python_version=3.11)"),
     ({"image_size": "big"}, "image_size 'big'"),
     ({"image_size": "8"}, "image_size '8'"),
     ({"devices": "0"}, "devices '0'"),
@@ -55,7 +57,7 @@ REFUSED = [
 def test_bad_answer_is_refused_and_nothing_is_written(tmp_path, answers, message):
     result = run_cookiecutter(tmp_path, **answers)
     assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR: ")]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert any(message in error for error in errors), result.stderr
     assert list(tmp_path.iterdir()) == [], "a refused answer must write nothing"
 
