@@ -3,14 +3,18 @@
 
 import asyncio
 import base64
+import collections
 import csv
+import http.client
 import io
 import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -238,6 +242,49 @@ def test_a_server_of_the_onnx_export_answers_the_same_and_drains_on_sigterm(
         assert status == 200 and answered_as(answer, expected[path], 1e-4), (path, answer)
     assert server.wait(timeout=60) == 0
     assert "SIGTERM: answering the requests in flight" in server.stdout.read()
+
+
+@pytest.mark.parametrize("to_the_group", [True, False], ids=["to its group", "to the server"])
+def test_sigterm_in_a_burst_answers_every_connection_it_took_and_refuses_the_rest(
+    groups, model, tiny_shapes, to_the_group
+):
+    # A scheduler's SIGTERM reaches the server and all its processes at once; docker stop, the server alone.
+    server, port = start_server(groups, model)
+    image = sorted((tiny_shapes / "test").rglob("*.png"))[0].read_bytes()
+    outcomes, stopping = [], threading.Event()
+
+    def client() -> None:
+        while not stopping.is_set():
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                connection.connect()
+            except OSError:  # refused, or no answer to the handshake: never accepted
+                outcomes.append("not accepted")
+                continue
+            try:
+                connection.request("POST", "/predict", body=image, headers={"Content-Type": PNG})
+                answer = connection.getresponse()
+                outcomes.append(answer.status if answer.read() else "empty")
+            except (OSError, http.client.HTTPException) as error:  # reset, or closed without an answer
+                outcomes.append(type(error).__name__)
+            finally:
+                connection.close()
+
+    clients = [threading.Thread(target=client) for _ in range(16)]
+    for thread in clients:
+        thread.start()
+    time.sleep(1.5)
+    os.killpg(server.pid, signal.SIGTERM) if to_the_group else server.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    status = server.wait(timeout=60)
+    exited = time.monotonic() - sent
+    stopping.set()
+    for thread in clients:
+        thread.join()
+    assert set(outcomes) == {200, "not accepted"}, collections.Counter(outcomes)
+    output = server.stdout.read()
+    assert status == 0 and exited < 5, (status, exited, output)
+    assert "ERROR" not in output and "Traceback" not in output, output
 
 
 def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):

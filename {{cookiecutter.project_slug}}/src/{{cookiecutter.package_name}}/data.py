@@ -3,9 +3,7 @@
 import functools
 import multiprocessing
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Literal
 
@@ -19,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
-from . import shapes
+from . import shapes, sigterm
 from .errors import ConfigError, DataError, MissingError
 from .images import ImageFiles, collate_readable
 from .sampling import ClassBalancedSampler, EpochSampler, changed_settings, epoch_restarts, imbalance_warning, run_seed
@@ -425,21 +423,12 @@ def worker_context(method: str) -> multiprocessing.context.BaseContext:
 
 
 def start_worker(worker_id: int, rank: int, trainer_pid: int) -> None:
-    """Each data worker leaves a SIGTERM that a scheduler sends to all of a job's processes (scancel,
-    `timeout`, a terminal) to the training process, which saves its checkpoint and then ends the
-    workers itself; a worker killed mid-batch would crash it first. A SIGTERM from the training
-    process (multiprocessing ending its workers at exit) still ends the worker. Then Lightning's seeding."""
-    if hasattr(signal, "sigwaitinfo"):  # Linux; elsewhere workers start by spawn and keep the default
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # for every thread of the worker
-        threading.Thread(target=end_on_sigterm_from, args=(trainer_pid,), name="sigterm-watch", daemon=True).start()
+    """Each data worker leaves a scheduler's SIGTERM to the training process, which saves its
+    checkpoint and then ends the workers itself (a worker killed mid-batch would crash it first).
+    Then Lightning's seeding."""
+    sigterm.leave_to(trainer_pid)
     if int(os.environ.get("PL_SEED_WORKERS", 0)):
         pl_worker_init_function(worker_id, rank)
-
-
-def end_on_sigterm_from(sender: int) -> None:
-    while True:
-        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == sender:
-            os._exit(0)
 
 
 def usable_cpus() -> int:

@@ -8,14 +8,19 @@ once the model is loaded, GET /info describes it. Requests arriving together are
 batch (up to --max-batch-size, waiting at most --batch-timeout seconds for it to fill).
 
 The model is a checkpoint (default: the best of the newest run) or an ONNX export, run through
-onnxruntime. Images are prepared as validation prepared them, as `classify` does. SIGTERM stops
-taking requests, answers those in flight, and exits with status 0.
+onnxruntime. Images are prepared as validation prepared them, as `classify` does. SIGTERM, to the
+server or to its whole process group, stops taking connections, answers every request on those it
+took, and exits with status 0.
 """
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
+import struct
+import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 from starlette.concurrency import run_in_threadpool
 
+from . import sigterm
 from .errors import ConfigError
 from .image_requests import BadImageRequest, Limits, image_bytes, read_body
 from .predictions import top_classes
@@ -68,8 +74,10 @@ class ClassifierAPI(ls.LitAPI):
             super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.predictor = predictor
         self.top_k = top_k
+        self.server_pid = os.getpid()
 
     def setup(self, device: str) -> None:
+        sigterm.leave_to(self.server_pid)  # the worker is spawned, and answers until the server ends it
         self.predictor.load(device)
 
     # LitServe hands the endpoint's argument, typed by this annotation, to decode_request.
@@ -92,16 +100,88 @@ class ClassifierAPI(ls.LitAPI):
         return {"predictions": [{"class": name, "probability": probability} for name, probability in top]}
 
 
+class ClassifierServer(ls.LitServer):
+    def launch_inference_worker(self, lit_api: ls.LitAPI) -> list:
+        # A spawned worker imports numpy, whose BLAS starts a thread before the worker's setup leaves
+        # a group's SIGTERM to the server: that thread would take it, and the worker would end
+        # mid-request. The worker computes with torch, not numpy's BLAS.
+        blas_threads = os.environ.get("OPENBLAS_NUM_THREADS")
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        try:
+            return super().launch_inference_worker(lit_api)
+        finally:
+            if blas_threads is None:
+                del os.environ["OPENBLAS_NUM_THREADS"]
+            else:
+                os.environ["OPENBLAS_NUM_THREADS"] = blas_threads
+
+
 async def error_as_json(request: Request, error: HTTPException) -> JSONResponse:
     return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
 
 
-def stop_on_sigterm(signum: int, frame) -> None:
-    # LitServe stops on KeyboardInterrupt by letting its HTTP servers answer the requests in flight
-    # before it stops the model's workers: SIGTERM (docker stop, Kubernetes, Slurm) takes that path.
-    print("SIGTERM: answering the requests in flight, then stopping.", flush=True)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the drain short
-    raise KeyboardInterrupt
+def stop_on_sigterm(port: int):
+    """LitServe stops on KeyboardInterrupt by letting its HTTP servers answer the requests in flight
+    before it stops the model's workers: SIGTERM (docker stop, Kubernetes, Slurm) takes that path,
+    once the connections the kernel had already accepted are taken and their requests read."""
+
+    def stop(signum: int, frame) -> None:
+        print("SIGTERM: answering the requests in flight, then stopping.", flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the drain short
+        listener = stop_taking_connections(port)
+        if listener is not None:
+            with listener:
+                wait_until_taken(listener)
+            time.sleep(REQUEST_ARRIVAL)
+        raise KeyboardInterrupt
+
+    return stop
+
+
+# uvicorn closes a connection with no request yet when it stops: one just taken gets this long to send it.
+REQUEST_ARRIVAL = 0.5
+DROP_EVERY_PACKET = struct.pack("HBBI", 0x06, 0, 0, 0)  # a classic BPF program of one instruction, "ret #0"
+SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)
+
+
+def stop_taking_connections(port: int) -> socket.socket | None:
+    """The server's listening socket, from now on completing no new connection: the kernel drops the
+    packets that would open one, and those clients are refused once the server has exited. Closing
+    it instead would reset the connections the kernel had queued for it. Linux only (socket filters)."""
+    if sys.platform != "linux":
+        return None
+    for fd in os.listdir("/proc/self/fd"):  # LitServe binds the socket inside run(), out of reach
+        try:
+            candidate = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:  # not a socket, or the listing's own folder
+            continue
+        if (
+            candidate.family in (socket.AF_INET, socket.AF_INET6)
+            and candidate.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            and candidate.getsockname()[1] == port
+        ):
+            program = ctypes.create_string_buffer(DROP_EVERY_PACKET, len(DROP_EVERY_PACKET))
+            candidate.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HP", 1, ctypes.addressof(program)))
+            return candidate
+        candidate.close()
+    return None
+
+
+def wait_until_taken(listener: socket.socket, timeout: float = 10) -> None:
+    """Until the HTTP servers have taken every connection queued on the listener: tcpi_unacked,
+    the fifth field of TCP_INFO, is a listening socket's queue length on Linux."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if struct.unpack_from("I", listener.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32), 24)[0] == 0:
+            return
+        time.sleep(0.01)
+
+
+def in_each_forked_child(server_pid: int) -> None:
+    # The HTTP servers set their own handler, which uvicorn turns into finishing their requests;
+    # a SIGTERM to the whole group is left to the server, which ends them once it stopped taking connections.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sigterm.leave_to(server_pid)
 
 
 def check_devices(device: str, devices: str) -> int | str:
@@ -156,7 +236,7 @@ def main(args: list[str]) -> int:
 
     predictor = Predictor(options.model or best_checkpoint(options.runs, "--model"))
     api = ClassifierAPI(predictor, options.top_k, options.max_batch_size, options.batch_timeout)
-    server = ls.LitServer(
+    server = ClassifierServer(
         api, accelerator=options.device, devices=devices, workers_per_device=options.workers_per_device,
         model_metadata={"model": str(predictor.model), "classes": predictor.class_names,
                         "preprocessing": predictor.preprocessing.describe()},
@@ -164,9 +244,9 @@ def main(args: list[str]) -> int:
     server.app.state.predictor = predictor
     server.app.state.limits = Limits(options.max_request_bytes, options.max_image_bytes, options.max_pixels)
     server.app.add_exception_handler(HTTPException, error_as_json)
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
-    # The HTTP servers LitServe forks keep the default, which uvicorn turns into finishing their requests.
-    os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    signal.signal(signal.SIGTERM, stop_on_sigterm(options.port))
+    server_pid = os.getpid()
+    os.register_at_fork(after_in_child=lambda: in_each_forked_child(server_pid))
     placed = ", ".join(str(group[0] if isinstance(group, list) else group) for group in server.devices)
     address = f"[{options.host}]" if ":" in options.host else options.host
     print(f"Serving {predictor.model} on {placed} at http://{address}:{options.port}/predict "

@@ -1,0 +1,28 @@
+"""A SIGTERM sent to a whole process group (scancel, `timeout`, a terminal, `docker stop` of a shell
+script) reaches a command's helper processes at the same moment as the command itself. Each helper
+(a data worker, a server's HTTP or model process) leaves it to the command, which stops in order and
+then ends its helpers itself: a helper that died first would lose a checkpoint or a request."""
+
+import os
+import signal
+import threading
+
+
+def leave_to(owner: int) -> None:
+    """In a helper process: a SIGTERM from `owner` still ends it (through the handler it sets, such
+    as uvicorn's, or at once), and one from anyone else is left to `owner`. Linux only: elsewhere
+    helpers start by spawn and keep the default."""
+    if not hasattr(signal, "sigwaitinfo"):
+        return
+    # Threads started from here on inherit the mask; one started before would take the signal itself.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_end_on_sigterm_from, args=(owner,), name="sigterm-watch", daemon=True).start()
+
+
+def _end_on_sigterm_from(owner: int) -> None:
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != owner:
+        pass
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        os._exit(0)  # status 0: a DataLoader counts a worker killed by a signal as a crash
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # this thread's mask only
+    signal.raise_signal(signal.SIGTERM)  # Python runs the handler in the main thread
