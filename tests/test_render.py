@@ -54,6 +54,7 @@ MODULES = [
     "shapes",
     "shard",
     "sharding",
+    "sigterm",
     "smoke_test",
     "streaming",
     "sweep",

@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, command_env, run_group
+from conftest import PROJECT_ROOT, command_env, free_port, run_group
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
@@ -47,12 +46,6 @@ def fit(project: Path, *args: str, command: str = "fit") -> subprocess.Completed
 
 def seen(folder: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(folder.glob("rank*.json"))]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture

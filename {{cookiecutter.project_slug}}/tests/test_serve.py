@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ON_CPU, PROJECT_ROOT, command_env, on_data, refusal, run_command
+from conftest import ON_CPU, PROJECT_ROOT, command_env, free_port, on_data, refusal, run_command
 from PIL import Image
 from starlette.requests import Request
 
@@ -121,12 +121,6 @@ def model(tmp_path_factory, tiny_shapes) -> Path:
         main()
     (checkpoint,) = folder.glob("runs/*/*/checkpoints/last.ckpt")
     return checkpoint
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def post(port: int, body: bytes, content_type: str | None) -> tuple[int, dict]:

@@ -2,9 +2,15 @@
 user's business or silenced at its source (quiet.py) or fixed."""
 
 import re
+import signal
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
-from conftest import ON_CPU, command_env, run_group
+from conftest import ON_CPU, command_env, free_port, run_group
 
 # Each entry: a pattern of a warning that a normal run on this test's CPU may print, and why it stays.
 ALLOWED: list[tuple[str, str]] = []
@@ -17,13 +23,51 @@ def warnings_in(output: str) -> list[str]:
     return [line for line in lines if not any(re.search(pattern, line) for pattern, _ in ALLOWED)]
 
 
+COMMAND = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
+
+
 def test_a_short_fit_and_its_evaluation_print_no_stray_warning(in_project_copy, tiny_shapes):
     # The project's defaults (data workers, mixed precision, logger), made small and put on the CPU.
     short = [*ON_CPU, "--trainer.precision=bf16-mixed", f"--data.data_dir={tiny_shapes}", "--data.synthetic=false",
              "--data.batch_size=8", "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
              "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1"]  # fmt: skip
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
     for args in (["fit", *short], ["test", *short, "--ckpt_path=auto"]):
-        done = run_group([*command, *args], 300, cwd=in_project_copy, env=command_env())
+        done = run_group([*COMMAND, *args], 300, cwd=in_project_copy, env=command_env())
         assert done.returncode == 0, done.stderr[-3000:]
         assert warnings_in(done.stdout + done.stderr) == [], f"{args[0]}: a warning not on the allow-list"
+
+
+def test_tune_sweep_shard_and_serve_print_no_stray_warning(in_project_copy, tiny_shapes, groups):
+    short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
+             "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+             "--trainer.log_every_n_steps=1"]  # fmt: skip
+    Path("space.yaml").write_text("model.lr: {low: 1e-4, high: 1.0e-2, log: true}\n")
+    commands = {  # tune writes nothing after a range test this short, and says so with status 1
+        "tune": (["tune", "lr", "--steps=5", "--epochs=1", *short], {0, 1}),
+        "sweep": (["sweep", "space.yaml", "--trials=1", "--pruner=none", *short], {0}),
+        "shard": (["shard", str(tiny_shapes), "shards", "--workers=1"], {0}),
+    }
+    for name, (args, statuses) in commands.items():
+        done = run_group([*COMMAND, *args], 300, cwd=in_project_copy, env=command_env())
+        assert done.returncode in statuses, done.stdout[-2000:] + done.stderr[-3000:]
+        assert warnings_in(done.stdout + done.stderr) == [], f"{name}: a warning not on the allow-list"
+        if name == "tune" and done.returncode == 1:  # one range test, and no training after it
+            assert len(re.findall(r"^Learning rate \S+ = ", done.stdout + done.stderr, re.MULTILINE)) == 1
+
+    checkpoint = next(in_project_copy.glob("sweeps/**/last.ckpt"))
+    port = free_port()
+    serve = [*COMMAND, "serve", f"--model={checkpoint}", f"--port={port}", "--device=cpu"]
+    server = groups(
+        serve, cwd=in_project_copy, env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                if answer.read() == b"ok":
+                    break
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.3)
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == 0
+    assert warnings_in(server.stdout.read()) == [], "serve: a warning not on the allow-list"

@@ -281,13 +281,13 @@ class ImageClassifier(L.LightningModule):
             # Adam there; adamw_mode gives it AdamW's decoupled weight decay.
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            optimizer = DeepSpeedCPUAdam(groups, lr=self.scaled_lr(), adamw_mode=True)
+            optimizer = DeepSpeedCPUAdam(groups, lr=self.scaled_lr(report=True), adamw_mode=True)
         else:
             # On a CPU torch steps AdamW one tensor at a time unless asked (a fifth of a resnet18 step);
             # its fused kernel steps them all at once. Elsewhere torch's own pick (foreach on GPUs) stays,
             # as it does for sharded parameters.
             fused = self.device.type == "cpu" and not shards_weights(self.trainer.strategy)
-            optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr(), fused=fused or None)
+            optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr(report=True), fused=fused or None)
         total_steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(total_steps):
             raise ConfigError(
@@ -324,11 +324,12 @@ class ImageClassifier(L.LightningModule):
         zero = getattr(self.trainer.strategy, "config", None) or {}
         return "offload_optimizer" in zero.get("zero_optimization", {})
 
-    def scaled_lr(self) -> float:
-        """`lr` scaled by the effective batch size; the arithmetic is logged once at the start."""
+    def scaled_lr(self, report: bool = False) -> float:
+        """`lr` scaled by the effective batch size; `report` logs the arithmetic (once, as training starts)."""
         lr = self.hparams.lr
+        say = rank_zero_info if report else lambda line: None
         if not self.hparams.scale_lr:
-            rank_zero_info(f"Learning rate {lr:.3g} (scale_lr is off)")
+            say(f"Learning rate {lr:.3g} (scale_lr is off)")
             return lr
         # Processes that each take a different batch: every process, unless some split one model
         # between them (tensor parallelism), which the sampler's replica count leaves out.
@@ -337,7 +338,7 @@ class ImageClassifier(L.LightningModule):
         effective = self.hparams.batch_size * devices * accumulate
         # Linear scaling keeps the update per image steady when the batch grows (Goyal et al., 2017).
         scaled = lr * effective / self.hparams.base_batch_size
-        rank_zero_info(
+        say(
             f"Learning rate {scaled:.3g} = {lr:.3g} x effective batch {effective} "
             f"({self.hparams.batch_size} per device x {devices} devices x {accumulate} accumulated) "
             f"/ base batch {self.hparams.base_batch_size}"
@@ -356,12 +357,6 @@ class ImageClassifier(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         self.check_run(self.trainer.callbacks, self.trainer.datamodule, self.trainer.max_epochs)
-        image_size = getattr(getattr(self.trainer.datamodule, "hparams", None), "image_size", None)
-        if image_size and not shards_weights(self.trainer.strategy) and self.hparams.compile_mode == "off":
-            # Lightning's model summary runs one such image through the model to count its FLOPs (it
-            # says 0 without one). Not sharded (every process would have to take part), nor compiled
-            # (it would compile once more, for a batch of one).
-            self.example_input_array = torch.zeros(1, 3, image_size, image_size)
         if stage == "fit" and self.hparams.class_weights == "balanced":
             data = self.trainer.datamodule
             if not hasattr(data, "train_class_counts"):
