@@ -21,10 +21,11 @@ def test_decode_benchmark_compares_the_two_decoders():
 
 
 @pytest.mark.slow
-def test_startup_benchmark_times_the_three_commands():
+def test_startup_benchmark_times_the_four_commands_and_their_ratio():
     printed = run_benchmark("startup", "--repeats=1")
-    for name in ("import lightning", "fit --help", "fast_dev_run"):
+    for name in ("import lightning", "fit --help", "bare Lightning", "fast_dev_run"):
         assert re.search(rf"^{name}\s+\d+\.\d\d", printed, re.MULTILINE), printed
+    assert re.search(r"^fast_dev_run / bare Lightning, paired by round: median \d+\.\d\dx$", printed, re.MULTILINE)
 
 
 @pytest.mark.slow

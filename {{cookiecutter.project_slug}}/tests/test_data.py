@@ -6,6 +6,7 @@ import warnings
 from collections import Counter
 from types import SimpleNamespace
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -115,6 +116,16 @@ def test_workers_start_while_a_thread_holds_a_lock_they_need(tiny_shapes):
 def test_auto_workers_leave_a_core_for_training(tiny_shapes):
     count = ImageDataModule(tiny_shapes).worker_count()
     assert 0 <= count <= 8
+
+
+def test_auto_workers_are_none_for_a_fast_dev_run_unless_asked_for(tiny_shapes):
+    trainer = L.Trainer(fast_dev_run=True, accelerator="cpu", logger=False)
+    data = ImageDataModule(tiny_shapes)
+    data.trainer = trainer
+    assert data.worker_count() == 0
+    data = ImageDataModule(tiny_shapes, num_workers=2)
+    data.trainer = trainer
+    assert data.worker_count() == 2
 
 
 def test_auto_workers_split_the_machine_unless_the_affinity_is_this_process_share(monkeypatch):

@@ -35,6 +35,8 @@ def test_a_short_fit_and_its_evaluation_print_no_stray_warning(in_project_copy, 
         done = run_group([*COMMAND, *args], 300, cwd=in_project_copy, env=command_env())
         assert done.returncode == 0, done.stderr[-3000:]
         assert warnings_in(done.stdout + done.stderr) == [], f"{args[0]}: a warning not on the allow-list"
+        # Output to a pipe or a file (a SLURM log, `| tee`) has no terminal colour codes, W&B's closing lines included.
+        assert "\x1b[" not in done.stdout + done.stderr, f"{args[0]}: colour codes in piped output"
 
 
 def test_tune_sweep_shard_and_serve_print_no_stray_warning(in_project_copy, tiny_shapes, groups):

@@ -38,7 +38,7 @@ from .quiet import silence_dependency_noise
 from .resume import ALLOW_CHANGES, check_checkpoint, first_logger, resolve_resume, resumed_config_name
 from .run_folders import check_writable
 {%- if cookiecutter.logger == "wandb" %}
-from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
+from .wandb_logging import SaveConfigToRun, finish_run, go_offline_unless_reachable
 {%- endif %}
 
 # Relative to where the command runs: the project folder, as for data/ and runs/. The hardware
@@ -296,6 +296,7 @@ def main(args: list[str] | None = None) -> None:
     except SIGTERMException:
         # Lightning ends a SIGTERM'd run with exit status 0; schedulers must not take it for a success.
         sys.exit(128 + signal.SIGTERM)
+    finish_run()
 
 
 def run_command(command: list[str], args: list[str] | None) -> None:

@@ -13,6 +13,7 @@ import yaml
 
 from .cli import build, resolved_config
 from .errors import ConfigError
+from .wandb_logging import finish_run
 
 # In the copies that --gpus-per-trial starts: each is one of them, and starts none.
 WORKER_VARIABLE = "{{ cookiecutter.package_name | upper }}_EXPERIMENT_WORKER"
@@ -58,9 +59,7 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
         )
         return {name: float(value) for name, value in metrics.items()}
     finally:
-        if (wandb := sys.modules.get("wandb")) is not None and wandb.run is not None:
-            # Lightning leaves a W&B run open after fit; the next run in this process would log into it.
-            wandb.finish()
+        finish_run()  # this run's own W&B run: the next one starts another
         del cli
         gc.collect()
         if torch.cuda.is_available():
