@@ -37,6 +37,8 @@ def test_a_short_fit_and_its_evaluation_print_no_stray_warning(in_project_copy, 
         assert warnings_in(done.stdout + done.stderr) == [], f"{args[0]}: a warning not on the allow-list"
         # Output to a pipe or a file (a SLURM log, `| tee`) has no terminal colour codes, W&B's closing lines included.
         assert "\x1b[" not in done.stdout + done.stderr, f"{args[0]}: colour codes in piped output"
+        # The model summary counts the FLOPs of one image (Lightning says 0 when it has none to run).
+        assert not re.search(r"Total FLOPs: 0\b|\b0\s+Total Flops", done.stdout + done.stderr), done.stdout
 
 
 def test_tune_sweep_shard_and_serve_print_no_stray_warning(in_project_copy, tiny_shapes, groups):

@@ -312,16 +312,19 @@ class ImageDataModule(L.LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_set if self.test_set is not None else self.val_set)
 
-    def on_after_batch_transfer(self, batch: tuple[torch.Tensor, torch.Tensor], dataloader_idx: int) -> tuple:
+    def on_after_batch_transfer(
+        self, batch: tuple[torch.Tensor, torch.Tensor] | torch.Tensor, dataloader_idx: int
+    ) -> tuple | torch.Tensor:
         # Batches travel as uint8, a quarter of float32's bytes through worker shared memory and
         # the host-to-GPU copy, and become normalised floats on the device, where that is fastest.
-        images, labels = batch
+        # Images alone: the model's example input, which Lightning's model summary runs.
+        images, labels = (batch, None) if isinstance(batch, torch.Tensor) else batch
         images = self.preprocessing.normalize(images)
         if self.trainer is not None:
             # Lightning casts float batches to the precision's input type before they move (bfloat16 for
             # DeepSpeed's bf16 or bf16-true, whose weights are bfloat16): ours are floats only from here.
             images = self.trainer.precision_plugin.convert_input(images)
-        return images, labels
+        return images if labels is None else (images, labels)
 
     def state_dict(self) -> dict:
         # Saved in every checkpoint, so the label order and the preprocessing travel with the weights.

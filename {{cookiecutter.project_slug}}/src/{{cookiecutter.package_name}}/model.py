@@ -357,6 +357,12 @@ class ImageClassifier(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         self.check_run(self.trainer.callbacks, self.trainer.datamodule, self.trainer.max_epochs)
+        image_size = getattr(getattr(self.trainer.datamodule, "hparams", None), "image_size", None)
+        if image_size and not shards_weights(self.trainer.strategy) and self.hparams.compile_mode == "off":
+            # Lightning's model summary runs one such image through the model to count its FLOPs (it
+            # says 0 without one). Not sharded (every process would have to take part), nor compiled
+            # (it would compile once more, for a batch of one).
+            self.example_input_array = torch.zeros(1, 3, image_size, image_size, dtype=torch.uint8)
         if stage == "fit" and self.hparams.class_weights == "balanced":
             data = self.trainer.datamodule
             if not hasattr(data, "train_class_counts"):
