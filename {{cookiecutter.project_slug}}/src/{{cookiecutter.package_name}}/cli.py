@@ -32,10 +32,17 @@ from .callbacks import EndWithLauncher
 from .data import ImageDataModule, TooFewClassesError
 from .errors import ConfigError, DataError, UserError, one_line, wants_traceback
 from .hardware import check_hardware, settle_precision
-from .model import ImageClassifier
+from .model import ImageClassifier, check_same_classes
 from .progress import LogLines
 from .quiet import silence_dependency_noise
-from .resume import ALLOW_CHANGES, check_checkpoint, first_logger, resolve_resume, resumed_config_name
+from .resume import (
+    ALLOW_CHANGES,
+    check_checkpoint,
+    checkpoint_class_names,
+    first_logger,
+    resolve_resume,
+    resumed_config_name,
+)
 from .run_folders import check_writable
 {%- if cookiecutter.logger == "wandb" %}
 from .wandb_logging import SaveConfigToRun, finish_run, go_offline_unless_reachable
@@ -227,8 +234,10 @@ class ClassifierCLI(LightningCLI):
         return trainer
 
     def check_run(self) -> None:
-        # As the model's setup does, but before the trainer starts its loggers (W&B's lines).
+        # As the model's setup and checkpoint loading do, but before the trainer starts its loggers (W&B's lines).
         self.model.check_run(self.trainer.callbacks, self.datamodule, self.trainer.max_epochs)
+        trained = checkpoint_class_names(self.config[self.subcommand].get("ckpt_path"))
+        check_same_classes(trained, self.datamodule.class_names)
 
     before_fit = before_validate = before_test = before_predict = check_run
 

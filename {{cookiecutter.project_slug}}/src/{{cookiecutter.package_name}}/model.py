@@ -420,12 +420,7 @@ class ImageClassifier(L.LightningModule):
             self._saved_group_count = len(states[0]["param_groups"])
         self.trained_until = {"epoch": checkpoint.get("epoch", 0), "step": checkpoint.get("global_step", 0)}
         self._resumed_random_state = checkpoint.get("random_state")
-        saved = checkpoint.get("hyper_parameters", {})
-        if saved.get("class_names") and self.hparams.class_names and saved["class_names"] != self.hparams.class_names:
-            raise DataError(
-                f"The checkpoint was trained on the classes {saved['class_names']} but this model (and its "
-                f"data) has {self.hparams.class_names}. Use data with the checkpoint's classes, or train anew."
-            )
+        check_same_classes(checkpoint.get("hyper_parameters", {}).get("class_names"), self.hparams.class_names)
 
     def on_train_start(self) -> None:
         # Restored here, after the last draws that an uninterrupted run would not make (setup, the
@@ -472,3 +467,12 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
         return (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def check_same_classes(trained: list[str] | None, given: list[str] | None) -> None:
+    """Refuse weights trained on other classes than the data's (or the model's) names, where both are known."""
+    if trained and given and list(trained) != list(given):
+        raise DataError(
+            f"The checkpoint was trained on the classes {list(trained)} but this model (and its data) has "
+            f"{list(given)}. Use data with the checkpoint's classes, or train anew."
+        )
