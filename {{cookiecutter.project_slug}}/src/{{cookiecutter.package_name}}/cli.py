@@ -45,7 +45,7 @@ from .resume import (
 )
 from .run_folders import check_writable
 {%- if cookiecutter.logger == "wandb" %}
-from .wandb_logging import SaveConfigToRun, finish_run, go_offline_unless_reachable
+from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
 
 # Relative to where the command runs: the project folder, as for data/ and runs/. The hardware
@@ -305,7 +305,16 @@ def main(args: list[str] | None = None) -> None:
     except SIGTERMException:
         # Lightning ends a SIGTERM'd run with exit status 0; schedulers must not take it for a success.
         sys.exit(128 + signal.SIGTERM)
-    finish_run()
+    finish_wandb_run()
+
+
+def finish_wandb_run() -> None:
+    """End this process's W&B run, if one is open (whatever the configured logger). Lightning leaves
+    it open after fit: the next run in the process would log into it, and W&B's exit hook has
+    wandb-core print the closing lines, colour codes and all, into a log file."""
+    wandb = sys.modules.get("wandb")  # not imported just to find no run
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()
 
 
 def run_command(command: list[str], args: list[str] | None) -> None:

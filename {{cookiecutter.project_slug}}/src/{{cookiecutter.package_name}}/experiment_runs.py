@@ -11,9 +11,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from .cli import build, resolved_config
+from .cli import build, finish_wandb_run, resolved_config
 from .errors import ConfigError
-from .wandb_logging import finish_run
 
 # In the copies that --gpus-per-trial starts: each is one of them, and starts none.
 WORKER_VARIABLE = "{{ cookiecutter.package_name | upper }}_EXPERIMENT_WORKER"
@@ -59,7 +58,7 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
         )
         return {name: float(value) for name, value in metrics.items()}
     finally:
-        finish_run()  # this run's own W&B run: the next one starts another
+        finish_wandb_run()  # this run's own W&B run: the next one starts another
         del cli
         gc.collect()
         if torch.cuda.is_available():

@@ -2,7 +2,6 @@
 
 import netrc
 import os
-import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -136,12 +135,3 @@ class SaveConfigToRun(SaveConfigCallback):
             if stage == "fit":  # an evaluation resumes its training run: keep that run's config
                 logger.log_hyperparams({"config": self.config.as_dict()})
         self.already_saved = True
-
-
-def finish_run() -> None:
-    """End this process's W&B run, if one is open. Lightning leaves it open after fit: the next run in
-    the process would log into it, and W&B's exit hook has wandb-core print the closing lines, colour
-    codes and all, into a log file."""
-    wandb = sys.modules.get("wandb")  # not imported just to find no run
-    if wandb is not None and wandb.run is not None:
-        wandb.finish()
