@@ -21,7 +21,7 @@ def leave_to(owner: int) -> None:
 
 def _end_on_sigterm_from(owner: int) -> None:
     while signal.sigwaitinfo({signal.SIGTERM}).si_pid != owner:
-        pass
+        pass  # taken and dropped: the owner has the same signal, and ends this process when it is ready
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         os._exit(0)  # status 0: a DataLoader counts a worker killed by a signal as a crash
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # this thread's mask only
