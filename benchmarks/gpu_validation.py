@@ -383,7 +383,10 @@ class Validation:
                         self.command("benchmark", "data", f"--workers={s.workers}", f"--batches={s.data_batches}",
                                      *speed, *jpegs), project, project)  # fmt: skip
         data.figures = {f"{workers} workers": rate for workers, rate in loader_speeds(data.output)}
-        parity_steps = ["--steps=2", "--warmup=1", "--repeats=1"] if s.dry else ["--steps=50", "--warmup=10"]
+        # With workers, as a GPU trains: with none, both loops wait on decoding in the main process.
+        parity_steps = (
+            ["--steps=2", "--warmup=1", "--repeats=1"] if s.dry else ["--steps=50", "--warmup=10", "--num-workers=8"]
+        )
         parity = self.run("parity.py: the project's Lightning loop against a plain PyTorch loop",
                           [sys.executable, BENCHMARKS / "parity.py", *parity_steps, f"--precision={precision}"],
                           ROOT)  # fmt: skip

@@ -1,9 +1,11 @@
 """`benchmark data` and `benchmark train` measure, print, and leave a config the CLI can use."""
 
+import pytest
+import torch
 import yaml
 from conftest import ON_CPU, run_command
 
-from {{ cookiecutter.package_name }}.benchmark import flops_per_image
+from {{ cookiecutter.package_name }}.benchmark import flops_per_image, peak_flops
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 
 
@@ -62,3 +64,10 @@ def test_train_benchmark_compares_precisions_side_by_side(monkeypatch, capsys, i
 def test_flops_are_counted_for_forward_and_backward():
     # resnet18 at 64 px: about 0.15 GMAC forward, so ~0.9 GFLOP with the backward pass's two matmuls.
     assert 0.6e9 < flops_per_image(ImageClassifier(num_classes=6, backbone="resnet18"), 64) < 1.2e9
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_mfu_counts_a_hopper_gpus_dense_peak(monkeypatch, name):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    # NVIDIA's datasheets give both SXM chips 1,979 TFLOP/s in bf16 with 2:4 sparsity: half that dense.
+    assert peak_flops(torch.device("cuda", 0), torch.bfloat16) == pytest.approx(1979e12 / 2, rel=1e-3)

@@ -1,4 +1,10 @@
-"""FSDP's unit of sharding: the repeated blocks of each family of torchvision backbones."""
+"""FSDP's unit of sharding (the repeated blocks of each family of torchvision backbones), and
+DeepSpeed's mixed precision on a model with BatchNorm."""
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torchvision
@@ -26,3 +32,43 @@ def test_the_fsdp1_policy_wraps_blocks_and_walks_into_everything():
     assert wrap_blocks(model.layer1[0], recurse=False, nonwrapped_numel=0)
     assert not wrap_blocks(model.conv1, recurse=False, nonwrapped_numel=0)
     assert wrap_blocks(nn.Linear(2, 2), recurse=True, nonwrapped_numel=0)
+
+
+# One bf16 step of the model in DeepSpeed's engine, on the CPU (Lightning's DeepSpeedStrategy
+# runs only on CUDA), with the config the strategy gives it once the model has been configured.
+DEEPSPEED_STEP = textwrap.dedent(
+    """
+    import sys
+
+    import deepspeed
+    import lightning as L
+    import torch
+    import torch.distributed as dist
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from {{ cookiecutter.package_name }}.model import ImageClassifier
+
+    dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+
+    strategy = DeepSpeedStrategy(stage=2)
+    trainer = L.Trainer(accelerator="cpu", strategy=strategy, precision="bf16-mixed", logger=False)
+    model = ImageClassifier(backbone="resnet18", num_classes=3)
+    model.trainer = trainer
+    model.configure_model()
+    strategy._init_config_if_needed()
+    config = strategy.config | {"train_micro_batch_size_per_gpu": 2}
+    engine, *_ = deepspeed.initialize(model=model, config=config, optimizer=torch.optim.AdamW(model.parameters()))
+    loss = engine(torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)).float().logsumexp(-1).mean()
+    engine.backward(loss)
+    engine.step()
+    print("stepped")
+    """
+)
+
+
+def test_deepspeed_trains_a_batchnorm_model_in_bf16(tmp_path):
+    pytest.importorskip("deepspeed")
+    env = os.environ | {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    done = subprocess.run([sys.executable, "-c", DEEPSPEED_STEP, str(tmp_path / "store")], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-3000:]

@@ -24,7 +24,7 @@ from .metrics import MeanPerImage, classification_metrics
 from .reports import write_report
 from .run_folders import mark_finished, mark_unfinished
 from .sampling import run_seed
-from .sharding import fully_shard_blocks, shards_weights, share_buffers
+from .sharding import cast_buffers_with_parameters, fully_shard_blocks, shards_weights, share_buffers
 
 
 class ImageClassifier(L.LightningModule):
@@ -228,6 +228,7 @@ class ImageClassifier(L.LightningModule):
     def configure_model(self) -> None:
         if self._trainer is None:  # load_from_checkpoint calls this too: the model stays as built
             return
+        cast_buffers_with_parameters(self.trainer.strategy)
         # FSDP2 (configs/trainer/fsdp.yaml): ModelParallelStrategy hands over a device mesh and
         # leaves the sharding to the model. Every other strategy has no mesh and takes the model whole.
         if self.device_mesh is not None:

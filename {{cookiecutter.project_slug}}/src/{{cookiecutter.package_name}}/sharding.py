@@ -63,6 +63,20 @@ def share_buffers(module: nn.Module) -> None:
         torch.distributed.broadcast(buffer, src=0)
 
 
+def cast_buffers_with_parameters(strategy: Strategy) -> None:
+    """Under DeepSpeed in bf16 or fp16, cast BatchNorm's statistics with the weights.
+
+    DeepSpeed 0.19 casts only the parameters, keeping buffers in float32 unless its config names a
+    dtype, and BatchNorm then fails ("Expected running_mean to have type BFloat16"). Earlier releases
+    cast both, as this asks, and ignore the setting.
+    """
+    if not isinstance(strategy, DeepSpeedStrategy):
+        return
+    half = {"bf16": "bf16", "16": "fp16"}.get(strategy.precision_plugin.precision.split("-")[0])
+    if half:
+        strategy.config.setdefault("data_types", {}).setdefault("buffer_dtype", half)
+
+
 def is_block(module: nn.Module) -> bool:
     kind = type(module)
     return kind.__name__ in BLOCK_CLASS_NAMES and kind.__module__.startswith(("torchvision.models", "timm.models"))
