@@ -5,6 +5,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -149,17 +151,38 @@ def start_group(command: list[str], **options) -> subprocess.Popen:
 
 def run_group(command: list[str], timeout: float, **options) -> subprocess.CompletedProcess:
     """subprocess.run(capture_output=True, text=True) in a process group of its own. The group is
-    killed when the command ends or times out, so a multi-process command never outlives its test."""
+    killed when the command ends or times out, so a multi-process command never outlives its test.
+    The result's `silent_seconds`: how long the command ran on after its last line of output."""
     process = start_group(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
+    lines: dict = {process.stdout: [], process.stderr: []}
+    last_line = [time.monotonic()]
+
+    def read(stream) -> None:
+        for line in stream:
+            lines[stream].append(line)
+            last_line[0] = time.monotonic()
+
+    readers = [threading.Thread(target=read, args=(stream,), daemon=True) for stream in lines]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        process.wait(timeout=timeout)
+        ended = time.monotonic()
+        for reader in readers:  # what a process the command left behind still prints, until the deadline
+            reader.join(max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         kill_group(process)
-        stdout, stderr = process.communicate()
+        for reader in readers:
+            reader.join()
+        stderr = "".join(lines[process.stderr])
         pytest.fail(f"{' '.join(command[:4])} ... did not end within {timeout} s:\n{stderr[-3000:]}")
     finally:
         kill_group(process)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    stdout, stderr = ("".join(lines[stream]) for stream in (process.stdout, process.stderr))
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    done.silent_seconds = ended - last_line[0]
+    return done
 
 
 @pytest.fixture

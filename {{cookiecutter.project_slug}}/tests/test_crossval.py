@@ -10,6 +10,7 @@ import pytest
 import yaml
 from conftest import ON_CPU, on_data, refusal, run_command
 
+from {{ cookiecutter.package_name }} import data as data_module
 from {{ cookiecutter.package_name }}.data import ImageDataModule, stratified_folds
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
@@ -42,6 +43,17 @@ def test_each_fold_validates_on_its_share_and_trains_on_the_rest(tiny_shapes):
     assert sum(len(val) for val in validated) == len(everything) and set().union(*validated) == everything
     # The folds cut train/ only: val/ stays held out.
     assert all(Path(path).parent.parent.name == "train" for path, _ in everything)
+
+
+def test_a_fold_lists_the_training_images_once(monkeypatch, tiny_shapes):
+    # Checked at construction (too many folds) and split at setup: one walk of the folder serves both.
+    walked = []
+    walk = data_module.image_files_under
+    monkeypatch.setattr(data_module, "image_files_under", lambda folder: walked.append(Path(folder)) or walk(folder))
+    data = ImageDataModule(tiny_shapes, num_folds=3, fold=1, num_workers=0)
+    data.setup("fit")
+    in_train = sorted(folder for folder in walked if folder.parent == tiny_shapes / "train")
+    assert in_train == sorted((tiny_shapes / "train").iterdir())
 
 
 @pytest.mark.parametrize(

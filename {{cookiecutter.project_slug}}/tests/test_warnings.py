@@ -18,6 +18,11 @@ ALLOWED: list[tuple[str, str]] = []
 WARNING_LINE = re.compile(r"\.py:\d+: |warning|deprecat|Tip:", re.IGNORECASE)
 
 
+# A command ends within this many seconds of its last line: no hang on closing workers, loggers or
+# threads (generous: fit takes about 2 s on this 2-core machine).
+EXIT_SECONDS = 5
+
+
 def warnings_in(output: str) -> list[str]:
     lines = [line for line in output.splitlines() if WARNING_LINE.search(line)]
     return [line for line in lines if not any(re.search(pattern, line) for pattern, _ in ALLOWED)]
@@ -26,7 +31,7 @@ def warnings_in(output: str) -> list[str]:
 COMMAND = [sys.executable, "-m", "{{ cookiecutter.package_name }}"]
 
 
-def test_a_short_fit_and_its_evaluation_print_no_stray_warning(in_project_copy, tiny_shapes):
+def test_a_short_fit_and_its_evaluation_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes):
     # The project's defaults (data workers, mixed precision, logger), made small and put on the CPU.
     short = [*ON_CPU, "--trainer.precision=bf16-mixed", f"--data.data_dir={tiny_shapes}", "--data.synthetic=false",
              "--data.batch_size=8", "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
@@ -35,13 +40,14 @@ def test_a_short_fit_and_its_evaluation_print_no_stray_warning(in_project_copy, 
         done = run_group([*COMMAND, *args], 300, cwd=in_project_copy, env=command_env())
         assert done.returncode == 0, done.stderr[-3000:]
         assert warnings_in(done.stdout + done.stderr) == [], f"{args[0]}: a warning not on the allow-list"
+        assert done.silent_seconds < EXIT_SECONDS, f"{args[0]} ran {done.silent_seconds:.1f} s after its last line"
         # Output to a pipe or a file (a SLURM log, `| tee`) has no terminal colour codes, W&B's closing lines included.
         assert "\x1b[" not in done.stdout + done.stderr, f"{args[0]}: colour codes in piped output"
         # The model summary counts the FLOPs of one image (Lightning says 0 when it has none to run).
         assert not re.search(r"Total FLOPs: 0\b|\b0\s+Total Flops", done.stdout + done.stderr), done.stdout
 
 
-def test_tune_sweep_shard_and_serve_print_no_stray_warning(in_project_copy, tiny_shapes, groups):
+def test_tune_sweep_shard_and_serve_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes, groups):
     short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
              "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
              "--trainer.log_every_n_steps=1"]  # fmt: skip
@@ -55,6 +61,7 @@ def test_tune_sweep_shard_and_serve_print_no_stray_warning(in_project_copy, tiny
         done = run_group([*COMMAND, *args], 300, cwd=in_project_copy, env=command_env())
         assert done.returncode in statuses, done.stdout[-2000:] + done.stderr[-3000:]
         assert warnings_in(done.stdout + done.stderr) == [], f"{name}: a warning not on the allow-list"
+        assert done.silent_seconds < EXIT_SECONDS, f"{name} ran {done.silent_seconds:.1f} s after its last line"
         if name == "tune" and done.returncode == 1:  # one range test, and no training after it
             assert len(re.findall(r"^Learning rate \S+ = ", done.stdout + done.stderr, re.MULTILINE)) == 1
 

@@ -4,6 +4,7 @@ import functools
 import multiprocessing
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Literal
 
@@ -146,8 +147,11 @@ class ImageDataModule(L.LightningDataModule):
                 f"Data folder {data_dir} does not exist: fix --data.data_dir. (data.synthetic draws the built-in "
                 f"shapes only into {BUILT_IN_SHAPES}, the default data_dir.)"
             )
+        # Listed here, before a logger or a trainer starts, so that too many folds end in one line;
+        # setup splits this list rather than walking the folder again.
+        self._fold_pool = None
         if num_folds is not None and Path(data_dir).is_dir():
-            check_folds(Path(data_dir), num_folds)  # here, before a logger or a trainer starts
+            self._fold_pool = fold_pool(Path(data_dir), num_folds)
         self.save_hyperparameters()
         self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
         self.preprocessing = resolve_preprocessing(
@@ -210,7 +214,10 @@ class ImageDataModule(L.LightningDataModule):
         if options.num_folds is None:
             splits = split_samples(self.data_dir, classes, options.val_fraction, options.split_seed)
         else:
-            splits = fold_samples(self.data_dir, classes, options.num_folds, options.fold, options.split_seed)
+            pool = self._fold_pool or fold_pool(self.data_dir, options.num_folds)
+            splits = fold_samples(pool, options.num_folds, options.fold, options.split_seed)
+            if (self.data_dir / "test").is_dir():
+                splits["test"] = find_images(self.data_dir / "test", classes)
         # Each split gets its own dataset object and transform, so augmentation never leaks into
         # validation (the bug of setting a transform on a dataset that two Subsets share).
         skip = self.hparams.bad_images == "skip"
@@ -498,31 +505,29 @@ def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split
     return splits
 
 
-def check_folds(data_dir: Path, num_folds: int) -> None:
-    """Refuse more folds than the rarest class has training images: some folds would validate on none of it."""
+def fold_pool(data_dir: Path, num_folds: int) -> list[tuple[str, int]]:
+    """The (path, label) pairs of the training images that the folds divide. More folds than the
+    rarest class has images are refused: some folds would validate on none of it."""
     train_dir = train_folder(data_dir)
-    counts = {name: len(image_files_under(train_dir / name)) for name in find_classes(train_dir)}
-    rarest = min(counts, key=counts.get)
+    classes = find_classes(train_dir)
+    samples = find_images(train_dir, classes)
+    counts = Counter(label for _, label in samples)
+    rarest = min(range(len(classes)), key=counts.__getitem__)
     if counts[rarest] < num_folds:
         raise DataError(
-            f"The class {rarest} has {counts[rarest]} training images in {train_dir}, fewer than the {num_folds} "
-            f"folds: some folds would validate on none of them. Use at most {counts[rarest]} folds."
+            f"The class {classes[rarest]} has {counts[rarest]} training images in {train_dir}, fewer than the "
+            f"{num_folds} folds: some folds would validate on none of them. Use at most {counts[rarest]} folds."
         )
+    return samples
 
 
-def fold_samples(data_dir: Path, classes: list[str], num_folds: int, fold: int, split_seed: int) -> dict[str, list]:
-    """The (path, label) pairs of the training images outside `fold` and inside it, as train and val
-    (and test/ when there is one)."""
-    train_dir, test_dir = train_folder(data_dir), data_dir / "test"
-    samples = find_images(train_dir, classes)
-    folds = stratified_folds([label for _, label in samples], num_folds, split_seed)
-    splits = {
-        "train": [sample for sample, k in zip(samples, folds, strict=True) if k != fold],
-        "val": [sample for sample, k in zip(samples, folds, strict=True) if k == fold],
+def fold_samples(pool: list[tuple[str, int]], num_folds: int, fold: int, split_seed: int) -> dict[str, list]:
+    """The images of `pool` outside `fold` and inside it, as train and val."""
+    folds = stratified_folds([label for _, label in pool], num_folds, split_seed)
+    return {
+        "train": [sample for sample, k in zip(pool, folds, strict=True) if k != fold],
+        "val": [sample for sample, k in zip(pool, folds, strict=True) if k == fold],
     }
-    if test_dir.is_dir():
-        splits["test"] = find_images(test_dir, classes)
-    return splits
 
 
 class TooFewClassesError(DataError):
