@@ -32,16 +32,16 @@ from .callbacks import EndWithLauncher
 from .data import ImageDataModule, TooFewClassesError
 from .errors import ConfigError, DataError, UserError, one_line, wants_traceback
 from .hardware import check_hardware, settle_precision
-from .model import ImageClassifier, check_same_classes
+from .model import ImageClassifier, check_same_classes, check_same_optimizer_layout
 from .progress import LogLines
 from .quiet import silence_dependency_noise
 from .resume import (
     ALLOW_CHANGES,
     check_checkpoint,
-    checkpoint_class_names,
     first_logger,
     resolve_resume,
     resumed_config_name,
+    saved_checkpoint,
 )
 from .run_folders import check_writable
 {%- if cookiecutter.logger == "wandb" %}
@@ -236,8 +236,10 @@ class ClassifierCLI(LightningCLI):
     def check_run(self) -> None:
         # As the model's setup and checkpoint loading do, but before the trainer starts its loggers (W&B's lines).
         self.model.check_run(self.trainer.callbacks, self.datamodule, self.trainer.max_epochs)
-        trained = checkpoint_class_names(self.config[self.subcommand].get("ckpt_path"))
-        check_same_classes(trained, self.datamodule.class_names)
+        saved = saved_checkpoint(self.config[self.subcommand].get("ckpt_path"))
+        check_same_classes(saved.get("hyper_parameters", {}).get("class_names"), self.datamodule.class_names)
+        if self.subcommand == "fit" and (states := saved.get("optimizer_states")):
+            check_same_optimizer_layout(len(states[0]["param_groups"]), len(self.model.parameter_groups()))
 
     before_fit = before_validate = before_test = before_predict = check_run
 

@@ -271,12 +271,7 @@ class ImageClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         groups = self.parameter_groups()
-        if self._saved_group_count not in (None, len(groups)):
-            raise ConfigError(
-                f"The checkpoint's optimizer has {self._saved_group_count} parameter groups and this model's "
-                f"{len(groups)}: it was written by an earlier version of the project. Resume it with that version, "
-                "or start a new run."
-            )
+        check_same_optimizer_layout(self._saved_group_count, len(groups))
         if self._offloads_optimizer():
             # DeepSpeed steps an offloaded optimizer on the CPU and accepts only its own fused CPU
             # Adam there; adamw_mode gives it AdamW's decoupled weight decay.
@@ -468,6 +463,15 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
         return (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def check_same_optimizer_layout(saved_groups: int | None, groups: int) -> None:
+    """Refuse to resume an optimizer whose parameter groups are not this model's."""
+    if saved_groups not in (None, groups):
+        raise ConfigError(
+            f"The checkpoint's optimizer has {saved_groups} parameter groups and this model's {groups}: it was "
+            "written by an earlier version of the project. Resume it with that version, or start a new run."
+        )
 
 
 def check_same_classes(trained: list[str] | None, given: list[str] | None) -> None:

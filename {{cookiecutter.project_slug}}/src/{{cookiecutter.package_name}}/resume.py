@@ -182,12 +182,11 @@ def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None
         )
 
 
-def checkpoint_class_names(ckpt_path: str | None) -> list[str] | None:
-    """The class names a checkpoint file's model was trained on (memory-mapped: no weights read), if it says."""
+def saved_checkpoint(ckpt_path: str | None) -> dict:
+    """A checkpoint file's contents, memory-mapped (no weights read); empty without a file."""
     if ckpt_path is None or not Path(ckpt_path).is_file():
-        return None
-    saved = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    return saved.get("hyper_parameters", {}).get("class_names")
+        return {}
+    return torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def _checkpoint_keys(path: Path) -> list:
