@@ -32,7 +32,8 @@ def test_startup_benchmark_times_the_four_commands_and_their_ratio():
 def test_recipes_benchmark_trains_the_strongest_recipe():
     # +ema: every recipe's options together, in one epoch.
     printed = run_benchmark("recipes", "--datasets", "shapes", "--epochs=1", "--recipes", "+ema")
-    assert re.search(r"^shapes\s+\+ema\s+0\s+[01]\.\d{4}\s+\d+$", printed, re.MULTILINE), printed
+    # best val/acc, wall seconds, then seconds to 90 % and to 95 % ("-": not reached in one epoch)
+    assert re.search(r"^shapes\s+\+ema\s+0\s+[01]\.\d{4}\s+\d+(\s+(\d+|-)){2}$", printed, re.MULTILINE), printed
 
 
 @pytest.mark.slow

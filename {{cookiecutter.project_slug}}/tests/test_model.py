@@ -9,7 +9,7 @@ import torchvision
 
 from {{ cookiecutter.package_name }}.backbone import head_names
 from {{ cookiecutter.package_name }}.data import ImageDataModule
-from {{ cookiecutter.package_name }}.errors import MissingError
+from {{ cookiecutter.package_name }}.errors import ConfigError, MissingError
 from {{ cookiecutter.package_name }}.model import ImageClassifier, warmup_cosine
 from {{ cookiecutter.package_name }}.reports import per_class_accuracy
 
@@ -73,6 +73,24 @@ def fake_trainer(processes: int = 1, accumulate: int = 1, steps: float = 100) ->
     shards = {"num_replicas": processes, "rank": 0} if processes > 1 else None
     return SimpleNamespace(distributed_sampler_kwargs=shards, accumulate_grad_batches=accumulate,
                            estimated_stepping_batches=steps, strategy=SimpleNamespace())  # fmt: skip
+
+
+@pytest.mark.parametrize("backbone", ["resnet18", "resnext50_32x4d"])
+def test_the_small_image_stem_keeps_the_resolution_and_the_weights(backbone):
+    side, weights = {}, {}
+    for small in (False, True):
+        model = ImageClassifier(num_classes=3, backbone=backbone, small_image_stem=small)
+        model.backbone.layer1.register_forward_hook(lambda _, __, out, small=small: side.update({small: out.shape[-1]}))
+        assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 3)
+        weights[small] = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    # The ImageNet stem halves 32 px twice (stride-2 convolution, stride-2 max-pool); the small one neither.
+    assert side == {False: 32 // 4, True: 32}
+    assert weights[False] == weights[True]  # pretrained weights and checkpoints load into either
+
+
+def test_the_small_image_stem_is_refused_where_a_backbone_has_no_resnet_stem():
+    with pytest.raises(ConfigError, match="small_image_stem works with ResNet stems.*efficientnet_b0"):
+        ImageClassifier(num_classes=3, backbone="efficientnet_b0", small_image_stem=True)
 
 
 def test_norms_and_biases_get_no_weight_decay():

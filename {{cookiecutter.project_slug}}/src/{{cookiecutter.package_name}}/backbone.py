@@ -66,13 +66,31 @@ def _refusal(model: nn.Module, size: int) -> str | None:
     return None
 
 
-def build_backbone(name: str, num_classes: int, pretrained: bool, stochastic_depth: float | None = None) -> nn.Module:
+def build_backbone(
+    name: str, num_classes: int, pretrained: bool, stochastic_depth: float | None = None, small_image_stem: bool = False
+) -> nn.Module:
     if timm_backbones.is_timm(name):
-        return timm_backbones.build(name, num_classes, pretrained, stochastic_depth)
-    model = _build(name, num_classes, pretrained)
-    if stochastic_depth is not None:
-        set_stochastic_depth(model, name, stochastic_depth)
+        model = timm_backbones.build(name, num_classes, pretrained, stochastic_depth)
+    else:
+        model = _build(name, num_classes, pretrained)
+        if stochastic_depth is not None:
+            set_stochastic_depth(model, name, stochastic_depth)
+    if small_image_stem:
+        keep_resolution_through_stem(model, name)
     return model
+
+
+def keep_resolution_through_stem(model: nn.Module, name: str) -> None:
+    """A ResNet stem of stride 1 without its max-pool. The convolution keeps its weights (a 7 x 7
+    kernel at stride 1 sees what it saw at stride 2), so pretrained ones still apply."""
+    convolution, pool = getattr(model, "conv1", None), getattr(model, "maxpool", None)
+    if not (isinstance(convolution, nn.Conv2d) and isinstance(pool, nn.MaxPool2d)):
+        raise ConfigError(
+            f"model.small_image_stem works with ResNet stems (resnet*, resnext*, wide_resnet*, timm/resnet*): {name} "
+            "has no single convolution followed by a max-pool. Set it to false."
+        )
+    convolution.stride = (1, 1)
+    model.maxpool = nn.Identity()
 
 
 def _build(name: str, num_classes: int, pretrained: bool) -> nn.Module:

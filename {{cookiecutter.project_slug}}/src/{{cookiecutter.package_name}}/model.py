@@ -70,6 +70,11 @@ class ImageClassifier(L.LightningModule):
         channels_last: Lay convolutional backbones and their inputs out channels-last (NHWC), the
             layout tensor cores and cuDNN's fastest kernels use (about 1.2-1.5x faster convolutions
             under bf16/fp16 on current NVIDIA GPUs). No effect on transformers.
+        small_image_stem: Keep a ResNet's input resolution through its stem (stride 1, no max-pool),
+            as small-image recipes (CIFAR's ResNets) do: its ImageNet stem divides the side by 4
+            before the first block, to 8 x 8 for 32 px images. About a point more accuracy at the same
+            epochs, at 3 to 5.5 times the time per epoch on a CPU (32 px digits, Fashion-MNIST);
+            pretrained weights still load. For resnet*, resnext*, wide_resnet* and timm's plain ResNets.
         compile_mode: `torch.compile` the backbone with this mode ("default", "reduce-overhead",
             "max-autotune"), or "off". Compiling takes a minute or more at the start of each run;
             TORCHINDUCTOR_CACHE_DIR on a persistent disk keeps the compiled kernels across runs.
@@ -97,6 +102,7 @@ class ImageClassifier(L.LightningModule):
         base_batch_size: int = 64,
         scale_lr: bool = True,
         channels_last: bool = True,
+        small_image_stem: bool = False,
         compile_mode: Literal["off", "default", "reduce-overhead", "max-autotune"] = "off",
     ) -> None:
         super().__init__()
@@ -117,7 +123,7 @@ class ImageClassifier(L.LightningModule):
             if not allowed:
                 raise ConfigError(f"model.{name} must be {wanted}, got {value}")
         self.save_hyperparameters()
-        self.backbone = build_backbone(backbone, num_classes, pretrained, stochastic_depth)
+        self.backbone = build_backbone(backbone, num_classes, pretrained, stochastic_depth, small_image_stem)
         self.batch_mixing = BatchMixing(num_classes, mixup_alpha, cutmix_alpha, mix_prob, mix_switch_prob)
         # From the training data's class counts when the fit starts (class_weights: balanced). Not a
         # buffer: ModelEMA copies the model before that, and pairs the copy's buffers with the model's.
