@@ -132,7 +132,7 @@ def test_auto_workers_split_the_machine_unless_the_affinity_is_this_process_shar
     monkeypatch.setattr(data_module.os, "cpu_count", lambda: 64)
     assert auto_workers(64, 8) == 7  # the whole machine: 8 CPUs per device, one of them for training
     assert auto_workers(8, 8) == 7  # a SLURM task bound to 8 CPUs: all 8 are this process's
-    assert auto_workers(64, 1) == 8 and auto_workers(1, 1) == 0
+    assert auto_workers(16, 1) == 15 and auto_workers(64, 1) == 16 and auto_workers(1, 1) == 0
 
 
 def test_missing_folder_says_how_to_point_at_data(tmp_path):

@@ -451,11 +451,13 @@ def usable_cpus() -> int:
 
 
 def auto_workers(cpus: int, devices: int) -> int:
-    """What num_workers "auto" means: one core of this process's share stays with training, and
-    more than 8 workers rarely pays. An affinity narrower than the machine (a SLURM task bound to
-    its CPUs, taskset) is this process's share already; otherwise the devices split the CPUs."""
+    """What num_workers "auto" means: one core of this process's share stays with training, up to
+    16 workers (torchvision's reference default; on an H200, resnet18 at 224 px took 13,000 images/s
+    and 8 workers decoded 7,600 JPEGs/s, 16 workers 12,500). An affinity narrower than the machine
+    (a SLURM task bound to its CPUs, taskset) is this process's share already; otherwise the devices
+    split the CPUs."""
     share = cpus if cpus < (os.cpu_count() or cpus) else cpus // devices
-    return max(0, min(8, share - 1))
+    return max(0, min(16, share - 1))
 
 
 def saved_preprocessing(state: dict, image_size: int) -> Preprocessing:
