@@ -214,10 +214,9 @@ class ImageDataModule(L.LightningDataModule):
         if options.num_folds is None:
             splits = split_samples(self.data_dir, classes, options.val_fraction, options.split_seed)
         else:
-            pool = self._fold_pool or fold_pool(self.data_dir, options.num_folds)
-            splits = fold_samples(pool, options.num_folds, options.fold, options.split_seed)
-            if (self.data_dir / "test").is_dir():
-                splits["test"] = find_images(self.data_dir / "test", classes)
+            splits = fold_samples(
+                self.data_dir, classes, options.num_folds, options.fold, options.split_seed, self._fold_pool
+            )
         # Each split gets its own dataset object and transform, so augmentation never leaks into
         # validation (the bug of setting a transform on a dataset that two Subsets share).
         skip = self.hparams.bad_images == "skip"
@@ -523,13 +522,20 @@ def fold_pool(data_dir: Path, num_folds: int) -> list[tuple[str, int]]:
     return samples
 
 
-def fold_samples(pool: list[tuple[str, int]], num_folds: int, fold: int, split_seed: int) -> dict[str, list]:
-    """The images of `pool` outside `fold` and inside it, as train and val."""
-    folds = stratified_folds([label for _, label in pool], num_folds, split_seed)
-    return {
-        "train": [sample for sample, k in zip(pool, folds, strict=True) if k != fold],
-        "val": [sample for sample, k in zip(pool, folds, strict=True) if k == fold],
+def fold_samples(
+    data_dir: Path, classes: list[str], num_folds: int, fold: int, split_seed: int, pool: list | None = None
+) -> dict[str, list]:
+    """The (path, label) pairs of the training images outside `fold` and inside it, as train and val
+    (and test/ when there is one). `pool`: the training images, when fold_pool has listed them."""
+    samples = fold_pool(data_dir, num_folds) if pool is None else pool
+    folds = stratified_folds([label for _, label in samples], num_folds, split_seed)
+    splits = {
+        "train": [sample for sample, k in zip(samples, folds, strict=True) if k != fold],
+        "val": [sample for sample, k in zip(samples, folds, strict=True) if k == fold],
     }
+    if (data_dir / "test").is_dir():
+        splits["test"] = find_images(data_dir / "test", classes)
+    return splits
 
 
 class TooFewClassesError(DataError):

@@ -182,7 +182,7 @@ def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None
         )
 
 
-def saved_checkpoint(ckpt_path: str | None) -> dict:
+def saved_checkpoint(ckpt_path: str | Path | None) -> dict:
     """A checkpoint file's contents, memory-mapped (no weights read); empty without a file."""
     if ckpt_path is None or not Path(ckpt_path).is_file():
         return {}
@@ -192,7 +192,7 @@ def saved_checkpoint(ckpt_path: str | None) -> dict:
 def _checkpoint_keys(path: Path) -> list:
     """The top-level keys of a file torch.save wrote (memory-mapped: no weights read), or none."""
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        saved = saved_checkpoint(path)
     except Exception:  # whatever torch.load makes of a file that is no checkpoint
         return []
     return list(saved) if isinstance(saved, dict) else []
