@@ -29,18 +29,19 @@ SETUP_ENV = ANSWERS["setup_env"]
 MAKE_ENV = str(Path("scripts") / "make_env.py")  # the project's own, which users rerun
 LOG = Path("runs") / "smoke-test" / "setup.log"
 VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
-UNSELECTED = {
-    Path("src") / PACKAGE / "wandb_logging.py": ANSWERS["logger"] != "wandb",
-    Path("tests") / "test_wandb_logging.py": ANSWERS["logger"] != "wandb",
-    Path("docs") / "wandb.md": ANSWERS["logger"] != "wandb",
-    Path("configs") / "trainer" / "mps.yaml": ANSWERS["accelerator"] != "mps",
+# A feature's own files, removed whole when the answers leave it out: (question, the answer that keeps them).
+FILES_OF = {
+    ("logger", "wandb"): [f"src/{PACKAGE}/wandb_logging.py", "tests/test_wandb_logging.py", "docs/wandb.md"],
+    ("accelerator", "mps"): ["configs/trainer/mps.yaml"],
+    ("serving", "yes"): [f"src/{PACKAGE}/{name}.py" for name in ("serve", "image_requests")]
+    + ["tests/test_serve.py", "docs/serving.md"],
 }
 
 
 def main() -> None:
-    for path, unselected in UNSELECTED.items():
-        if unselected:
-            path.unlink()
+    for (question, keeping_answer), paths in FILES_OF.items():
+        for path in paths if ANSWERS[question] != keeping_answer else []:
+            Path(path).unlink()
     if in_temporary_folder():
         # cruft diffs renders like this one against the project: a repository, .venv or runs/ in
         # it would become part of the update.

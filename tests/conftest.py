@@ -73,6 +73,7 @@ def answer_matrix() -> list[dict[str, str]]:
         "python_version": ["3.11", "3.10", "3.12", "3.13"],
         "project_name": ["Image Classifier", "Défect Spotter 2", "leaf_disease", "X-Ray Triage.v2"],
         "devices": ["1", "2", "auto", "8"],
+        "serving": ["yes", "no"],
     }
     for index, combo in enumerate(combos):
         for key, values in independent.items():

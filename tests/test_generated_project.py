@@ -17,6 +17,7 @@ NON_DEFAULT = {
     "precision": "32-true",
     "logger": "tensorboard",
     "python_version": "3.10",
+    "serving": "no",
 }
 
 

@@ -35,7 +35,6 @@ MODULES = [
     "export",
     "hardware",
     "hardware_rules",
-    "image_requests",
     "images",
     "metrics",
     "model",
@@ -50,7 +49,6 @@ MODULES = [
     "run_folders",
     "sampling",
     "search_space",
-    "serve",
     "shapes",
     "shard",
     "sharding",
@@ -64,7 +62,7 @@ MODULES = [
     "tuned_config",
 ]
 DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development", "streaming"]
-DOCS += ["serving", "experiments"]
+DOCS += ["experiments"]
 TESTS = [
     "conftest",
     "helper_callbacks",
@@ -92,7 +90,6 @@ TESTS = [
     "test_reproducibility",
     "test_resume",
     "test_safeguards",
-    "test_serve",
     "test_shapes",
     "test_sharding",
     "test_smoke_test",
@@ -105,7 +102,18 @@ TESTS = [
 ]
 
 
-def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
+# What each capability adds to a project when its answer is yes, and the marks of it that must not be
+# left when it is no: a command, an import, a docs page, an extra.
+CAPABILITIES = {
+    "serving": (
+        {"src/{package}/serve.py", "src/{package}/image_requests.py", "tests/test_serve.py", "docs/serving.md"},
+        r"`serve`|serving\.md|litserve|image_requests|python-multipart|\[serve\]|,serve\b|\bserve\.py|"
+        r'"serve"|{package} serve\b|EXPOSE',
+    ),
+}
+
+
+def expected_files(package: str, logger: str, accelerator: str, chosen: set[str]) -> set[str]:
     files = {
         ".cookiecutter.json",
         ".dockerignore",
@@ -133,7 +141,13 @@ def expected_files(package: str, logger: str, accelerator: str) -> set[str]:
         files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py", "docs/wandb.md"}
     if accelerator == "mps":
         files.add("configs/trainer/mps.yaml")
+    for capability in chosen:
+        files |= {name.format(package=package) for name in CAPABILITIES[capability][0]}
     return files
+
+
+def chosen_capabilities(answers: dict[str, str]) -> set[str]:
+    return {capability for capability in CAPABILITIES if answers.get(capability, "yes") == "yes"}
 
 
 def chosen_preset(answers: dict[str, str]) -> str:
@@ -173,7 +187,13 @@ def test_render(tmp_path, answers):
     project = render(tmp_path, **answers)
     package = project.name.replace("-", "_")
     assert project.name == re.sub(r"[^a-z0-9]+", "-", answers["project_name"].lower().replace("é", "e")).strip("-")
-    assert rendered_files(project) == expected_files(package, answers["logger"], answers["accelerator"])
+    chosen = chosen_capabilities(answers)
+    assert rendered_files(project) == expected_files(package, answers["logger"], answers["accelerator"], chosen)
+    for capability in CAPABILITIES.keys() - chosen:
+        marks = re.compile(CAPABILITIES[capability][1].format(package=package))
+        for name in rendered_files(project) - {".cookiecutter.json"}:
+            mark = marks.search((project / name).read_text())
+            assert not mark, f"{capability} is off, yet {name} holds {mark.group()!r}"
 
     for name in rendered_files(project):
         text = (project / name).read_text()

@@ -26,6 +26,7 @@ import pytest
 from conftest import ON_CPU, PROJECT_ROOT, command_env, free_port, on_data, refusal, run_command
 from PIL import Image
 from starlette.requests import Request
+from test_warnings import warnings_in
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.image_requests import BadImageRequest, Limits, image_bytes, read_body
@@ -279,6 +280,7 @@ def test_sigterm_to_its_group_in_a_burst_answers_every_connection_it_took_and_re
     output = server.stdout.read()
     assert status == 0 and exited < 5, (status, exited, output)
     assert "ERROR" not in output and "Traceback" not in output, output
+    assert warnings_in(output) == [], "a warning not on test_warnings.py's allow-list"
 
 
 def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):

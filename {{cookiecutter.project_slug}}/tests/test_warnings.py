@@ -2,15 +2,10 @@
 user's business or silenced at its source (quiet.py) or fixed."""
 
 import re
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from conftest import ON_CPU, command_env, free_port, run_group
+from conftest import ON_CPU, command_env, run_group
 
 # Each entry: a pattern of a warning that a normal run on this test's CPU may print, and why it stays.
 ALLOWED: list[tuple[str, str]] = []
@@ -47,7 +42,7 @@ def test_a_short_fit_and_its_evaluation_print_no_stray_warning_and_end_at_once(i
         assert not re.search(r"Total FLOPs: 0\b|\b0\s+Total Flops", done.stdout + done.stderr), done.stdout
 
 
-def test_tune_sweep_shard_and_serve_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes, groups):
+def test_tune_sweep_and_shard_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes):
     short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
              "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
              "--trainer.log_every_n_steps=1"]  # fmt: skip
@@ -64,21 +59,3 @@ def test_tune_sweep_shard_and_serve_print_no_stray_warning_and_end_at_once(in_pr
         assert done.silent_seconds < EXIT_SECONDS, f"{name} ran {done.silent_seconds:.1f} s after its last line"
         if name == "tune" and done.returncode == 1:  # one range test, and no training after it
             assert len(re.findall(r"^Learning rate \S+ = ", done.stdout + done.stderr, re.MULTILINE)) == 1
-
-    checkpoint = next(in_project_copy.glob("sweeps/**/last.ckpt"))
-    port = free_port()
-    serve = [*COMMAND, "serve", f"--model={checkpoint}", f"--port={port}", "--device=cpu"]
-    server = groups(
-        serve, cwd=in_project_copy, env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
-                if answer.read() == b"ok":
-                    break
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.3)
-    server.send_signal(signal.SIGTERM)
-    assert server.wait(timeout=60) == 0
-    assert warnings_in(server.stdout.read()) == [], "serve: a warning not on the allow-list"

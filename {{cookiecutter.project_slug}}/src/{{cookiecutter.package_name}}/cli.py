@@ -73,7 +73,9 @@ TOOLS = {
     "export": "export",
     "repeat": "crossval:repeat",
     "report": "curves",
+{%- if cookiecutter.serving == "yes" %}
     "serve": "serve",
+{%- endif %}
     "shard": "shard",
     "sweep": "sweep",
     "tune": "tune",

@@ -466,7 +466,7 @@ def saved_preprocessing(state: dict, image_size: int) -> Preprocessing:
 
 
 def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
-    """The preprocessing a checkpoint's weights were trained with (for classify, export, serving)."""
+    """The preprocessing a checkpoint's weights were trained with (for classify, export{{ ", serving" if cookiecutter.serving == "yes" }})."""
     image_size = checkpoint.get("datamodule_hyper_parameters", {}).get("image_size", {{ cookiecutter.image_size }})
     return saved_preprocessing(checkpoint.get(ImageDataModule.__qualname__, {}), image_size)
 

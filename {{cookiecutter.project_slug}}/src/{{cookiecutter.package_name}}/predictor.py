@@ -1,6 +1,6 @@
 """A trained model ready to predict: a checkpoint, or its ONNX export, with the preprocessing it was
-trained with. `classify` and `serve` both predict through a Predictor, so a served answer is the one
-`classify` writes for the same image."""
+trained with. `classify`{% if cookiecutter.serving == "yes" %} and `serve` both predict through a Predictor, so a served answer is the one
+`classify` writes for the same image{% else %} predicts through a Predictor; an app that serves the model can too{% endif %}."""
 
 import json
 from importlib.util import find_spec
@@ -44,7 +44,7 @@ def onnx_session(model: Path, device: str = "cpu"):
 
     if device.startswith("cuda"):
         if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-            raise ConfigError("This onnxruntime cannot use CUDA: pip install onnxruntime-gpu, or serve on the CPU.")
+            raise ConfigError("This onnxruntime cannot use CUDA: pip install onnxruntime-gpu, or run on the CPU.")
         index = int(device.partition(":")[2] or 0)
         providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
     else:
@@ -67,7 +67,7 @@ class Predictor:
         self.model = model
         self.is_onnx = model.suffix == ".onnx"
         if self.is_onnx:
-            # The session is only read here: onnxruntime's threads must not be alive when servers fork.
+            # The session is only read here: onnxruntime's threads must not be alive when a process forks.
             metadata = onnx_session(model).get_modelmeta().custom_metadata_map
             if ONNX_PREPROCESSING_KEY not in metadata:
                 raise ConfigError(f"{model} does not record its preprocessing: export it again with `export`.")

@@ -1,6 +1,6 @@
 """A SIGTERM sent to a whole process group (scancel, `timeout`, a terminal, `docker stop` of a shell
 script) reaches a command's helper processes at the same moment as the command itself. Each helper
-(a data worker, a server's HTTP or model process) leaves it to the command, which stops in order and
+(a data worker, a server's worker process) leaves it to the command, which stops in order and
 then ends its helpers itself: a helper that died first would lose a checkpoint or a request."""
 
 import os
@@ -9,9 +9,9 @@ import threading
 
 
 def leave_to(owner: int) -> None:
-    """In a helper process: a SIGTERM from `owner` still ends it (through the handler it sets, such
-    as uvicorn's, or at once), and one from anyone else is left to `owner`. Linux only: elsewhere
-    helpers start by spawn and keep the default."""
+    """In a helper process: a SIGTERM from `owner` still ends it (through the handler it sets, or at
+    once), and one from anyone else is left to `owner`. Linux only: elsewhere helpers start by spawn
+    and keep the default."""
     if not hasattr(signal, "sigwaitinfo"):
         return
     # Threads started from here on inherit the mask; one started before would take the signal itself.
