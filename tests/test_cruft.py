@@ -105,3 +105,26 @@ def test_a_cookiecutter_project_keeps_its_answers_and_links_to_cruft(tmp_path, t
     ]
     run(*link, cwd=project)
     run(CRUFT, "diff", "--exit-code", cwd=project)  # the template, rendered with the kept answers, is this project
+
+
+def test_a_capability_left_out_is_added_later_and_the_users_edits_stay(tmp_path, template_repo):
+    answers = {"logger": "csv", "serving": "no"}
+    run(CRUFT, "create", "--no-input", str(template_repo), "--output-dir", str(tmp_path),
+        "--extra-context", json.dumps(answers), cwd=tmp_path)  # fmt: skip
+    project = tmp_path / "image-classifier"
+    commit_all(project, "New project")
+    package = project / "src" / "image_classifier"
+    model = package / "model.py"
+    model.write_text(model.read_text().replace("lr: float = 2e-3,", "lr: float = 1e-3,", 1))
+    commit_all(project, "A lower learning rate")
+    assert not (package / "serve.py").exists()
+
+    run(CRUFT, "update", "--skip-apply-ask", "--variables-to-update", json.dumps({"serving": "yes"}), cwd=project)
+    for name in ("src/image_classifier/serve.py", "src/image_classifier/image_requests.py", "tests/test_serve.py",
+                 "docs/serving.md"):  # fmt: skip
+        assert (project / name).is_file(), f"{name} did not come with serving"
+    assert '"serve": "serve",' in (package / "cli.py").read_text()
+    assert "litserve" in (project / "pyproject.toml").read_text()
+    assert "| `serve` |" in (project / "README.md").read_text()
+    assert "lr: float = 1e-3," in model.read_text(), "the user's edit was lost"
+    assert json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]["serving"] == "yes"

@@ -141,3 +141,8 @@ def test_a_template_given_by_a_relative_path_still_checks_the_hardware(tmp_path)
     result = run_bounded(command, 120, cwd=TEMPLATE.parent, env=os.environ | {"PWD": str(TEMPLATE.parent)})
     assert result.returncode != 0 and "16-mixed is float16 autocast for GPUs" in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_post_generation_hook_stays_short():
+    # Its work beyond removing files is the project's own (scripts/make_env.py), which users rerun.
+    assert len((TEMPLATE / "hooks" / "post_gen_project.py").read_text().splitlines()) <= 120

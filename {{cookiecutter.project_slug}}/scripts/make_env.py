@@ -1,8 +1,9 @@
-"""Make this project's environment: `python3 scripts/make_env.py [uv|venv|current]`.
+"""Make this project's environment: `python3 scripts/make_env.py [uv|venv|current] [--smoke]`.
 
 uv (the default when installed) or venv makes `.venv` and installs the project with its dev
 extras; on Linux, a project that trains on the CPU gets PyTorch's CPU-only wheels (about 1 GB
-against 5). `current` only checks that the Python running this has what the project needs. The
+against 5). `current` only checks that the Python running this has what the project needs.
+`--smoke` then runs the project's smoke test; the commands to run next end the output. The
 post-generation hook runs this too. Standard library only, and for any Python 3.9+: it may run
 under a Python older than the project's.
 """
@@ -13,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -27,6 +29,7 @@ REQUIRES = re.search(r'requires-python\s*=\s*">=\s*(3\.\d+)', (PROJECT / "pyproj
 OLDEST_PYTHON = REQUIRES.group(1) if REQUIRES else "3.10"
 # PyTorch's CPU-only wheels; the variable points at a mirror.
 CPU_WHEELS = os.environ.get("LIGHTNING_TEMPLATE_CPU_WHEELS", "https://download.pytorch.org/whl/cpu")
+PACKAGE = "{{ cookiecutter.package_name }}"
 VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
 NEEDED = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse", "rich", "yaml", "matplotlib")
 
@@ -41,6 +44,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("how", nargs="?", choices=["uv", "venv", "current"], default="uv")
     parser.add_argument("--log", type=Path, default=Path("runs/setup.log"), help="where the installers' output goes")
+    parser.add_argument("--smoke", action="store_true", help="then run the smoke test, `doctor --smoke`")
     options = parser.parse_args()
     os.chdir(PROJECT)
     options.log.parent.mkdir(parents=True, exist_ok=True)
@@ -50,7 +54,13 @@ def main() -> int:
         print(f"\n==== environment setup failed ====\nFailed command: {' '.join(failure.command)}")
         say(f"Likely fix: {failure.fix}", options.log)
         print(f"Full log: {options.log.resolve()}")
+        if options.smoke:
+            print("smoke test not run: the environment is not ready")
         return 1
+    python = sys.executable if options.how == "current" else VENV_PYTHON
+    if options.smoke and not smoke_test(python, options.log):
+        return 1
+    print_next_steps(python)
     return 0
 
 
@@ -87,6 +97,35 @@ def make(how: str, log: Path) -> None:
 
 
 MISSING_MODULES = f"import importlib.util as u; print(' '.join(m for m in {NEEDED} if u.find_spec(m) is None))"
+
+
+def smoke_test(python: str, log: Path) -> bool:
+    """The project's own smoke test, whose summary is the verdict. True when it passed."""
+    say(f"Smoke test: {PACKAGE} doctor --smoke (a fast_dev_run, then a two-batch fit and its checkpoint) ...", log)
+    command = [python, "-m", PACKAGE, "doctor", "--smoke"]
+    env = os.environ | {"PYTHONPATH": f"src{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # for `current`
+    with log.open("a") as file:
+        file.write(f"\n$ {' '.join(command)}\n")
+        file.flush()
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=file, text=True, env=env)
+        file.write(done.stdout)
+    output = done.stdout.strip().splitlines()
+    summary = "\n".join(output or ["(no output)"])
+    print(f"\n==== {PROJECT.name}: setup summary ====\n{summary}\nSetup log: {log.resolve()}")
+    if output[-1:] == ["smoke test passed"]:
+        return True
+    if output[-1:] != ["smoke test failed"]:  # it did not get to run: the project does not import
+        print(f"Failed command: {' '.join(command)} (its error is at the end of the log)\nsmoke test failed")
+    return False
+
+
+def print_next_steps(python: str) -> None:
+    if python == sys.executable:  # `current`: the Python that runs this, which `python` may not be
+        run = f"PYTHONPATH=src {shlex.quote(python)} -m"
+    else:  # Debian and Ubuntu have no `python` outside the activated .venv
+        run = ". .venv/bin/activate && python -m"
+    print(f"\nNext:\n  cd {PROJECT}")
+    print("\n".join(f"  {run} {command}" for command in (f"{PACKAGE} doctor", f"{PACKAGE} fit", "pytest")))
 
 
 def cpu_wheel_index(log: Path) -> str | None:

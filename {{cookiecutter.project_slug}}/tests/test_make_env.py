@@ -20,6 +20,8 @@ def test_current_checks_this_python_and_installs_nothing(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith(f"Using {sys.executable} as it is") and not (tmp_path / ".venv").exists()
     assert f"# Using {sys.executable} as it is" in (tmp_path / "runs" / "setup.log").read_text()
+    # Then what to run with that Python, which `python` may not be.
+    assert done.stdout.endswith(f"PYTHONPATH=src {sys.executable} -m pytest\n"), done.stdout
 
 
 def test_an_index_out_of_reach_stops_in_seconds_and_names_it(tmp_path):
