@@ -30,6 +30,11 @@ FILES_OF = {
     ("serving", "yes"): [
         f"src/{PACKAGE}/serve.py", f"src/{PACKAGE}/image_requests.py", "tests/test_serve.py", "docs/serving.md"
     ],
+    ("experiments", "yes"): [
+        *(f"src/{PACKAGE}/{name}.py" for name in ("sweep", "crossval", "search_space", "experiment_runs")),
+        *(f"tests/{name}.py" for name in ("test_sweep", "test_crossval", "test_parallel_experiments")),
+        *("docs/experiments.md", "configs/sweep.yaml", "scripts/sweep.sbatch"),
+    ],
 }
 
 

@@ -74,6 +74,7 @@ def answer_matrix() -> list[dict[str, str]]:
         "project_name": ["Image Classifier", "Défect Spotter 2", "leaf_disease", "X-Ray Triage.v2"],
         "devices": ["1", "2", "auto", "8"],
         "serving": ["yes", "no"],
+        "experiments": ["yes", "yes", "no"],  # another period than serving's: every pair of answers occurs
     }
     for index, combo in enumerate(combos):
         for key, values in independent.items():

@@ -107,8 +107,8 @@ def test_a_cookiecutter_project_keeps_its_answers_and_links_to_cruft(tmp_path, t
     run(CRUFT, "diff", "--exit-code", cwd=project)  # the template, rendered with the kept answers, is this project
 
 
-def test_a_capability_left_out_is_added_later_and_the_users_edits_stay(tmp_path, template_repo):
-    answers = {"logger": "csv", "serving": "no"}
+def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path, template_repo):
+    answers = {"logger": "csv", "serving": "no", "experiments": "no"}
     run(CRUFT, "create", "--no-input", str(template_repo), "--output-dir", str(tmp_path),
         "--extra-context", json.dumps(answers), cwd=tmp_path)  # fmt: skip
     project = tmp_path / "image-classifier"
@@ -117,14 +117,21 @@ def test_a_capability_left_out_is_added_later_and_the_users_edits_stay(tmp_path,
     model = package / "model.py"
     model.write_text(model.read_text().replace("lr: float = 2e-3,", "lr: float = 1e-3,", 1))
     commit_all(project, "A lower learning rate")
-    assert not (package / "serve.py").exists()
+    assert not (package / "serve.py").exists() and not (package / "sweep.py").exists()
 
-    run(CRUFT, "update", "--skip-apply-ask", "--variables-to-update", json.dumps({"serving": "yes"}), cwd=project)
-    for name in ("src/image_classifier/serve.py", "src/image_classifier/image_requests.py", "tests/test_serve.py",
-                 "docs/serving.md"):  # fmt: skip
-        assert (project / name).is_file(), f"{name} did not come with serving"
-    assert '"serve": "serve",' in (package / "cli.py").read_text()
-    assert "litserve" in (project / "pyproject.toml").read_text()
-    assert "| `serve` |" in (project / "README.md").read_text()
+    added = {"serving": "yes", "experiments": "yes"}
+    run(CRUFT, "update", "--skip-apply-ask", "--variables-to-update", json.dumps(added), cwd=project)
+    brought = ["tests/test_serve.py", "tests/test_sweep.py", "docs/serving.md", "docs/experiments.md"]
+    brought += ["configs/sweep.yaml"]
+    for path in [package / "serve.py", package / "sweep.py", *(project / name for name in brought)]:
+        assert path.is_file(), f"{path} did not come with its capability"
+    assert os.access(project / "scripts" / "sweep.sbatch", os.X_OK)
+    tools = (package / "cli.py").read_text()
+    assert '"serve": "serve",' in tools and '"sweep": "sweep",' in tools
+    pyproject = (project / "pyproject.toml").read_text()
+    assert "litserve" in pyproject and "optuna" in pyproject
+    readme = (project / "README.md").read_text()
+    assert "| `serve` |" in readme and "| `sweep SPACE` |" in readme
     assert "lr: float = 1e-3," in model.read_text(), "the user's edit was lost"
-    assert json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]["serving"] == "yes"
+    kept = json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]
+    assert {key: kept[key] for key in added} == added

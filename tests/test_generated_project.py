@@ -18,6 +18,7 @@ NON_DEFAULT = {
     "logger": "tensorboard",
     "python_version": "3.10",
     "serving": "no",
+    "experiments": "no",
 }
 
 

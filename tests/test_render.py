@@ -24,14 +24,12 @@ MODULES = [
     "classify",
     "cli",
     "consolidate",
-    "crossval",
     "csv_logging",
     "curves",
     "data",
     "doctor",
     "ema",
     "errors",
-    "experiment_runs",
     "export",
     "hardware",
     "hardware_rules",
@@ -48,28 +46,24 @@ MODULES = [
     "resume",
     "run_folders",
     "sampling",
-    "search_space",
     "shapes",
     "shard",
     "sharding",
     "sigterm",
     "smoke_test",
     "streaming",
-    "sweep",
     "timm_backbones",
     "transforms",
     "tune",
     "tuned_config",
 ]
 DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development", "streaming"]
-DOCS += ["experiments"]
 TESTS = [
     "conftest",
     "helper_callbacks",
     "test_benchmark",
     "test_classify",
     "test_cli",
-    "test_crossval",
     "test_data",
     "test_distributed",
     "test_docs",
@@ -77,12 +71,12 @@ TESTS = [
     "test_errors",
     "test_exact_resume",
     "test_export",
+    "test_folds",
     "test_gpu",
     "test_hardware_rules",
     "test_make_env",
     "test_metrics",
     "test_model",
-    "test_parallel_experiments",
     "test_presets",
     "test_progress",
     "test_recipes",
@@ -94,7 +88,6 @@ TESTS = [
     "test_sharding",
     "test_smoke_test",
     "test_streaming",
-    "test_sweep",
     "test_timm",
     "test_transforms",
     "test_tune",
@@ -102,14 +95,22 @@ TESTS = [
 ]
 
 
-# What each capability adds to a project when its answer is yes, and the marks of it that must not be
-# left when it is no: a command, an import, a docs page, an extra.
-CAPABILITIES = {
-    "serving": (
-        {"src/{package}/serve.py", "src/{package}/image_requests.py", "tests/test_serve.py", "docs/serving.md"},
-        r"`serve`|serving\.md|litserve|image_requests|python-multipart|\[serve\]|,serve\b|\bserve\.py|"
-        r'"serve"|{package} serve\b|EXPOSE',
-    ),
+# What each capability adds to a project when its answer is yes.
+CAPABILITY_FILES = {
+    "serving": ["src/{package}/serve.py", "src/{package}/image_requests.py", "tests/test_serve.py", "docs/serving.md"],
+    "experiments": [
+        *(f"src/{{package}}/{name}.py" for name in ("sweep", "crossval", "search_space", "experiment_runs")),
+        *(f"tests/{name}.py" for name in ("test_sweep", "test_crossval", "test_parallel_experiments")),
+        *("docs/experiments.md", "configs/sweep.yaml", "scripts/sweep.sbatch"),
+    ],
+}
+# The marks of a capability that must not be left when its answer is no: a command, an import, a docs
+# page, a config, an extra.
+CAPABILITY_MARKS = {
+    "serving": r"`serve`|serving\.md|litserve|image_requests|python-multipart|\[serve\]|,serve\b|\bserve\.py|"
+    r'"serve"|{package} serve\b|EXPOSE',
+    "experiments": r"optuna|\[sweep\]|,sweep\b|`sweep|`cv`|`repeat`|\"(sweep|cv|repeat)\"|crossval|search_space|"
+    r"experiment_runs|experiments\.md|sweep\.(yaml|sbatch)|sweeps/|^cv/|{package} (sweep|cv|repeat)\b|gpus-per-trial",
 }
 
 
@@ -126,10 +127,8 @@ def expected_files(package: str, logger: str, accelerator: str, chosen: set[str]
         *(f"docs/{name}.md" for name in DOCS),
         "pyproject.toml",
         "configs/default.yaml",
-        "configs/sweep.yaml",
         "scripts/torchrun.sh",
         "scripts/slurm.sbatch",
-        "scripts/sweep.sbatch",
         "scripts/make_env.py",
         *(f"configs/trainer/{name}.yaml" for name in PRESETS),
         "configs/recipe/scratch.yaml",
@@ -142,12 +141,12 @@ def expected_files(package: str, logger: str, accelerator: str, chosen: set[str]
     if accelerator == "mps":
         files.add("configs/trainer/mps.yaml")
     for capability in chosen:
-        files |= {name.format(package=package) for name in CAPABILITIES[capability][0]}
+        files |= {name.format(package=package) for name in CAPABILITY_FILES[capability]}
     return files
 
 
 def chosen_capabilities(answers: dict[str, str]) -> set[str]:
-    return {capability for capability in CAPABILITIES if answers.get(capability, "yes") == "yes"}
+    return {capability for capability in CAPABILITY_FILES if answers.get(capability, "yes") == "yes"}
 
 
 def chosen_preset(answers: dict[str, str]) -> str:
@@ -189,8 +188,8 @@ def test_render(tmp_path, answers):
     assert project.name == re.sub(r"[^a-z0-9]+", "-", answers["project_name"].lower().replace("é", "e")).strip("-")
     chosen = chosen_capabilities(answers)
     assert rendered_files(project) == expected_files(package, answers["logger"], answers["accelerator"], chosen)
-    for capability in CAPABILITIES.keys() - chosen:
-        marks = re.compile(CAPABILITIES[capability][1].format(package=package))
+    for capability in CAPABILITY_FILES.keys() - chosen:
+        marks = re.compile(CAPABILITY_MARKS[capability].format(package=package), re.MULTILINE)
         for name in rendered_files(project) - {".cookiecutter.json"}:
             mark = marks.search((project / name).read_text())
             assert not mark, f"{capability} is off, yet {name} holds {mark.group()!r}"
@@ -223,7 +222,7 @@ def test_render(tmp_path, answers):
     assert (rendered.accelerator, rendered.precision, rendered.device_count) == (
         judged.accelerator, judged.precision, judged.device_count)  # fmt: skip
     for executable in ("scripts/torchrun.sh", "scripts/slurm.sbatch", "scripts/sweep.sbatch"):
-        assert os.access(project / executable, os.X_OK), f"{executable} lost its executable bit"
+        assert not (project / executable).exists() or os.access(project / executable, os.X_OK), executable
     logger_class = {"wandb": "WandbLogger", "tensorboard": "TensorBoardLogger", "csv": "CSVLogger"}
     assert trainer["logger"]["class_path"].endswith(logger_class[answers["logger"]])
     # The answers are the signatures' defaults, which the recipe does not repeat.

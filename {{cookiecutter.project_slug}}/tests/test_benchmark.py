@@ -26,7 +26,7 @@ def test_data_benchmark_writes_the_fastest_worker_count(monkeypatch, capsys, in_
 
 
 def test_data_benchmark_times_the_worker_counts_asked_for(monkeypatch, capsys, in_project_copy, tiny_shapes):
-    # Every count asked for is timed, even when more workers stopped paying (0 then 1 here would stop the sweep).
+    # Every count asked for is timed, even when more workers stopped paying (0 then 1 here would stop the scan).
     run_command(monkeypatch, "benchmark", "data", "--batches=2", "--workers=2,0,1", *ON_CPU, *on_data(tiny_shapes))
     measured = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
     assert [int(workers) for workers, _ in measured] == [2, 0, 1]

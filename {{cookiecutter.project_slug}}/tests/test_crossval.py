@@ -1,73 +1,14 @@
-"""Stratified folds (data.num_folds, data.fold) and `repeat`: runs that differ only in the seed,
-summed up as mean ± std. (`cv` over processes: test_parallel_experiments.py.)"""
+"""`repeat`: runs that differ only in the seed, summed up as mean ± std. (`cv` over processes:
+test_parallel_experiments.py; the folds it trains on: test_folds.py.)"""
 
 import json
 import math
-from collections import Counter
 from pathlib import Path
 
-import pytest
 import yaml
 from conftest import ON_CPU, on_data, refusal, run_command
 
-from {{ cookiecutter.package_name }} import data as data_module
-from {{ cookiecutter.package_name }}.data import ImageDataModule, stratified_folds
-
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
-
-
-def test_stratified_folds_are_disjoint_cover_every_image_and_split_each_class_evenly():
-    labels = [0] * 7 + [1] * 5 + [2] * 3 + [3] * 1
-    folds = stratified_folds(labels, 3, seed=0)
-    assert len(folds) == len(labels) and set(folds) == {0, 1, 2}  # each image in exactly one fold
-    sizes = Counter(folds).values()
-    assert max(sizes) - min(sizes) <= 1  # 16 images: 6, 5, 5
-    for label in set(labels):
-        per_fold = Counter(fold for fold, own in zip(folds, labels, strict=True) if own == label)
-        counts = [per_fold.get(fold, 0) for fold in range(3)]
-        assert max(counts) - min(counts) <= 1, (label, counts)  # 7 images of class 0: 3, 2, 2 in some order
-    assert stratified_folds(labels, 3, seed=0) == folds and stratified_folds(labels, 3, seed=1) != folds
-
-
-def test_each_fold_validates_on_its_share_and_trains_on_the_rest(tiny_shapes):
-    sets = []
-    for fold in range(3):
-        data = ImageDataModule(tiny_shapes, num_folds=3, fold=fold, num_workers=0)
-        data.setup("fit")
-        train, val = (set(dataset.samples) for dataset in (data.train_set, data.val_set))
-        assert not train & val
-        sets.append((train, val))
-    everything = sets[0][0] | sets[0][1]
-    assert all(train | val == everything for train, val in sets)
-    validated = [val for _, val in sets]
-    assert sum(len(val) for val in validated) == len(everything) and set().union(*validated) == everything
-    # The folds cut train/ only: val/ stays held out.
-    assert all(Path(path).parent.parent.name == "train" for path, _ in everything)
-
-
-def test_a_fold_lists_the_training_images_once(monkeypatch, tiny_shapes):
-    # Checked at construction (too many folds) and split at setup: one walk of the folder serves both.
-    walked = []
-    walk = data_module.image_files_under
-    monkeypatch.setattr(data_module, "image_files_under", lambda folder: walked.append(Path(folder)) or walk(folder))
-    data = ImageDataModule(tiny_shapes, num_folds=3, fold=1, num_workers=0)
-    data.setup("fit")
-    in_train = sorted(folder for folder in walked if folder.parent == tiny_shapes / "train")
-    assert in_train == sorted((tiny_shapes / "train").iterdir())
-
-
-@pytest.mark.parametrize(
-    ("options", "named"),
-    [
-        (["--data.num_folds=1"], "data.num_folds must be 2 or more"),
-        (["--data.num_folds=3", "--data.fold=3"], "data.fold from 0 to num_folds - 1, got 3 and 3"),
-        (["--data.num_folds=3", "--data.format=streaming"], "data.num_folds works with data.format folder"),
-        # 12 training images of each class: a 13th fold would validate on none of some class's.
-        (["--data.num_folds=13"], "has 12 training images in"),
-    ],
-)
-def test_impossible_folds_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, named):
-    assert named in refusal(monkeypatch, capsys, "fit", *ON_CPU, *on_data(tiny_shapes), *options)
 
 
 def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in_project_copy, tiny_shapes):

@@ -3,7 +3,6 @@ user's business or silenced at its source (quiet.py) or fixed."""
 
 import re
 import sys
-from pathlib import Path
 
 from conftest import ON_CPU, command_env, run_group
 
@@ -42,14 +41,18 @@ def test_a_short_fit_and_its_evaluation_print_no_stray_warning_and_end_at_once(i
         assert not re.search(r"Total FLOPs: 0\b|\b0\s+Total Flops", done.stdout + done.stderr), done.stdout
 
 
-def test_tune_sweep_and_shard_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes):
+def test_the_tools_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes):
     short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
              "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
              "--trainer.log_every_n_steps=1"]  # fmt: skip
-    Path("space.yaml").write_text("model.lr: {low: 1e-4, high: 1.0e-2, log: true}\n")
+{%- if cookiecutter.experiments == "yes" %}
+    (in_project_copy / "space.yaml").write_text("model.lr: {low: 1e-4, high: 1.0e-2, log: true}\n")
+{%- endif %}
     commands = {  # tune writes nothing after a range test this short, and says so with status 1
         "tune": (["tune", "lr", "--steps=5", "--epochs=1", *short], {0, 1}),
+{%- if cookiecutter.experiments == "yes" %}
         "sweep": (["sweep", "space.yaml", "--trials=1", "--pruner=none", *short], {0}),
+{%- endif %}
         "shard": (["shard", str(tiny_shapes), "shards", "--workers=1"], {0}),
     }
     for name, (args, statuses) in commands.items():

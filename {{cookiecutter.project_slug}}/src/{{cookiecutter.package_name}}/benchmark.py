@@ -45,7 +45,7 @@ def benchmark_data(cli_args: list[str], batches: int, counts: list[int] | None) 
     data, devices = cli.datamodule, cli.trainer.num_devices
     data.prepare_data()
     data.setup("fit")
-    # Each device's process loads its own data: the sweep stays within one process's share of the CPUs.
+    # Each device's process loads its own data: the scan stays within one process's share of the CPUs.
     cpus = auto_workers(usable_cpus(), devices) + 1
     print(f"Data loading, batch size {data.batch_size}, {data.hparams.image_size} px, {cpus} CPUs per device")
     print(f"{'workers':>8}  {'images/s':>9}")

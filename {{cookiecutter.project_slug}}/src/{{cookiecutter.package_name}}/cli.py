@@ -68,16 +68,22 @@ TOOLS = {
     "benchmark": "benchmark",
     "classify": "classify",
     "consolidate": "consolidate",
+{%- if cookiecutter.experiments == "yes" %}
     "cv": "crossval",
+{%- endif %}
     "doctor": "doctor",
     "export": "export",
+{%- if cookiecutter.experiments == "yes" %}
     "repeat": "crossval:repeat",
+{%- endif %}
     "report": "curves",
 {%- if cookiecutter.serving == "yes" %}
     "serve": "serve",
 {%- endif %}
     "shard": "shard",
+{%- if cookiecutter.experiments == "yes" %}
     "sweep": "sweep",
+{%- endif %}
     "tune": "tune",
 }
 
@@ -263,7 +269,7 @@ def place_runs(trainer: Namespace) -> None:
 def build(cli_args: list[str], keep_config: bool = False) -> ClassifierCLI:
     """The model, data and trainer that `fit` would build from the same configuration and options.
     `keep_config`: training writes the run's config.yaml, as `fit` does (a measurement is no run to
-    reproduce; a sweep's trial is)."""
+    reproduce; a trained model is)."""
     configs = [arg for path in DEFAULT_CONFIGS if path.is_file() for arg in ("--config", str(path))]
     with warnings.catch_warnings():  # the options are in sys.argv too, behind the tool's own command
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")

@@ -37,7 +37,7 @@ class ImageDataModule(L.LightningDataModule):
     With one set of class folders (or `train/` without `val/`), a seeded split stratified by class
     holds out `val_fraction` of each class for validation. With `num_folds`, the training images (all
     of them, or train/'s) are cut into that many seeded folds stratified by class instead, and `fold`
-    is validated on: cross-validation (the `cv` command); a val/ folder is then left unused.
+    is validated on{{ ": cross-validation (the `cv` command)" if cookiecutter.experiments == "yes" }}; a val/ folder is then left unused.
 
     Args:
         data_dir: The image folder; with format "streaming", the folder or URL (s3://...) `shard` wrote.
@@ -57,8 +57,9 @@ class ImageDataModule(L.LightningDataModule):
         val_fraction: Share of each class held out for validation when there is no `val/` folder.
         split_seed: Seed of that split (or of the folds); keep it fixed so validation images never
             leak into training.
-        num_folds: Cross-validation: cut the training images into this many folds (2 or more).
-        fold: Cross-validation: the fold validated on, from 0 to num_folds - 1.
+        num_folds: Cut the training images into this many stratified folds (2 or more), one of which
+            is validated on (cross-validation).
+        fold: The fold validated on, from 0 to num_folds - 1.
         augment: Training augmentation: "basic" (random crop and the flips below), "trivialaugment",
             "randaugment" or "autoaugment" (basic, then that policy's colour and geometry changes, as
             in torchvision's reference recipes), or "none" (the evaluation resize and crop only).

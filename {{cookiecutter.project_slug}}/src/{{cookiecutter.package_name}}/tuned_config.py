@@ -1,4 +1,4 @@
-"""configs/tuned.yaml: what `tune`, `benchmark` and `sweep` found on this machine, one option at a time."""
+"""configs/tuned.yaml: what `tune`{{ ", `benchmark` and `sweep`" if cookiecutter.experiments == "yes" else " and `benchmark`" }} found on this machine, one option at a time."""
 
 import platform
 from datetime import date
