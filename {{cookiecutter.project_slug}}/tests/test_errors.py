@@ -26,6 +26,8 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--data.val_fraction=1.5"], "data.val_fraction must be between 0 and 1"),
         (["--model.warmup_fraction=1"], "model.warmup_fraction must be 0 or more and below 1"),
         (["--model.backbone=resnet81"], "Unknown backbone 'resnet81'. Closest torchvision classification models: res"),
+        # The data module looks the pretrained weights' preprocessing up first.
+        (["--model.backbone=resnt18", "--model.pretrained=true"], "Unknown backbone 'resnt18'. Closest torchvision"),
         # By likeness, however far the name is from every model (not the first five alphabetically).
         (["--model.backbone=ResNet-50-ImageNet"], "Closest torchvision classification models: resnet50, "),
         (["--model.backbone=vit_b_16", "--data.image_size=64"], "vit_b_16 cannot take 64-pixel images"),

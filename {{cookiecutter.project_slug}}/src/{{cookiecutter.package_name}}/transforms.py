@@ -10,6 +10,7 @@ from torchvision.transforms import InterpolationMode, v2
 from torchvision.transforms.v2.functional import normalize, to_dtype
 
 from . import timm_backbones
+from .backbone import check_backbone_name
 from .errors import ConfigError
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
@@ -93,6 +94,7 @@ class Preprocessing:
 def weights_preprocessing(backbone: str) -> dict:
     """The crop ratio, interpolation, mean and std that a backbone's default pretrained weights were
     trained and evaluated with (as torchvision's `weights.transforms()` or timm's config states them)."""
+    check_backbone_name(backbone)
     if timm_backbones.is_timm(backbone):
         return timm_backbones.weights_preprocessing(backbone)
     transform = torchvision.models.get_model_weights(backbone).DEFAULT.transforms()
