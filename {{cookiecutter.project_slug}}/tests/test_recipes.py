@@ -76,37 +76,6 @@ def test_unmixed_batches_get_one_hot_targets():
     assert torch.equal(mixed, images) and torch.equal(targets, torch.eye(4))
 
 
-def test_the_share_of_mixed_batches_ramps_up_over_the_ramp_fraction_of_the_steps():
-    images, labels = batch()
-    mixing = BatchMixing(4, 0.4, 1.0, prob=0.8, switch_prob=0.5, ramp_fraction=0.5)
-
-    def mixed_share(progress: float) -> float:
-        batches = [mixing(images, labels, 0, 0, index, progress)[0] for index in range(400)]
-        return sum(not torch.equal(mixed, images) for mixed in batches) / len(batches)
-
-    assert mixed_share(0.0) == 0, "no batch is mixed at the first step"
-    # 0.8 x 0.25 / 0.5 = 0.4 of the batches a quarter through; 400 draws put it within 0.1 of that.
-    assert abs(mixed_share(0.25) - 0.4) < 0.1
-    assert abs(mixed_share(0.75) - 0.8) < 0.1, "past the ramp, mix_prob"
-    with pytest.raises(ConfigError, match=r"model.mix_ramp_fraction must be a probability \(0 to 1\), got 1.5"):
-        BatchMixing(4, 0.4, 0, 1, 0, ramp_fraction=1.5)
-
-
-def test_the_mixing_ramp_follows_the_optimizer_steps_of_the_run(monkeypatch, in_project_copy, tiny_shapes):
-    seen = []
-    share_mixed = BatchMixing.share_mixed
-
-    def recorded(mixing: BatchMixing, progress: float) -> float:
-        seen.append(progress)
-        return share_mixed(mixing, progress)
-
-    monkeypatch.setattr(BatchMixing, "share_mixed", recorded)
-    eight_batches = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=8", "--trainer.accumulate_grad_batches=2"]
-    fitted(tiny_shapes, *eight_batches, "--model.mixup_alpha=0.2", "--model.mix_ramp_fraction=1.0")
-    # 8 batches make 4 optimizer steps; each pair of batches is the same step of the 4.
-    assert seen == [0.0, 0.0, 0.25, 0.25, 0.5, 0.5, 0.75, 0.75]
-
-
 def test_mixing_trains_on_soft_targets_and_turns_training_accuracy_off(in_project_copy, tiny_shapes):
     cli = fitted(tiny_shapes, "--trainer.fast_dev_run=2", "--model.mixup_alpha=0.2", "--model.cutmix_alpha=1.0",
                  "--model.label_smoothing=0.1")  # fmt: skip

@@ -12,28 +12,15 @@ class BatchMixing:
     """Mix a batch with torchvision's MixUp or CutMix: with probability `prob`, one of them (CutMix
     with probability `switch_prob` when both are on), else leave it whole with one-hot targets.
 
-    With `ramp_fraction` above 0, the share of mixed batches rises linearly from 0 to `prob` over
-    that fraction of the training steps: the model first learns from whole images, and mixing
-    regularises it once it can fit them (progressive regularisation, as in EfficientNetV2), so a
-    short run is not all spent on blended images it cannot yet tell apart.
-
     The draws of each batch come from a generator seeded by the run's seed, the process and the
     batch's index in the run, so a resumed run mixes exactly as an uninterrupted one would.
     """
 
-    def __init__(
-        self,
-        num_classes: int,
-        mixup_alpha: float,
-        cutmix_alpha: float,
-        prob: float,
-        switch_prob: float,
-        ramp_fraction: float = 0.0,
-    ):
+    def __init__(self, num_classes: int, mixup_alpha: float, cutmix_alpha: float, prob: float, switch_prob: float):
         for name, value in [("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)]:
             if value < 0:
                 raise ConfigError(f"model.{name} must be 0 (off) or more, got {value}")
-        for name, value in [("mix_prob", prob), ("mix_switch_prob", switch_prob), ("mix_ramp_fraction", ramp_fraction)]:
+        for name, value in [("mix_prob", prob), ("mix_switch_prob", switch_prob)]:
             if not 0 <= value <= 1:
                 raise ConfigError(f"model.{name} must be a probability (0 to 1), got {value}")
         mixes, weights = [], []
@@ -46,23 +33,14 @@ class BatchMixing:
         self.mix = v2.RandomChoice(mixes, p=weights) if mixes else None
         self.num_classes = num_classes
         self.prob = prob
-        self.ramp_fraction = ramp_fraction
 
     @property
     def enabled(self) -> bool:
         return self.mix is not None and self.prob > 0
 
-    def share_mixed(self, progress: float) -> float:
-        """The probability that a batch is mixed, `progress` (0 to 1) through the training steps."""
-        if progress >= self.ramp_fraction:
-            return self.prob
-        return self.prob * progress / self.ramp_fraction
-
-    def __call__(
-        self, images: torch.Tensor, labels: torch.Tensor, seed: int, rank: int, batch_index: int, progress: float = 1.0
-    ):
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int, rank: int, batch_index: int):
         """(images, targets): the mixed images and their class probabilities."""
         with seeded_draws(draw_seed(seed, rank, batch_index)):
-            if self.mix is None or torch.rand(()) >= self.share_mixed(progress):
+            if self.mix is None or torch.rand(()) >= self.prob:
                 return images, F.one_hot(labels, self.num_classes).to(images.dtype)
             return self.mix(images, labels)

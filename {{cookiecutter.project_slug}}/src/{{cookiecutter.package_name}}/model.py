@@ -52,10 +52,6 @@ class ImageClassifier(L.LightningModule):
             are off (a blended image has no one label); validation runs on whole images.
         mix_prob: Share of the training batches that are mixed.
         mix_switch_prob: With both Mixup and CutMix on, the share of mixed batches that get CutMix.
-        mix_ramp_fraction: Raise the share of mixed batches linearly from 0 to `mix_prob` over this
-            fraction of the training steps, so the model learns from whole images first; 0 mixes at
-            `mix_prob` from the first step. Measured in docs/benchmarks.md (short runs of the
-            scratch recipe).
         class_weights: Weigh the training loss per class: "balanced" by images / (classes x the
             class's training images), so each class counts alike whatever its size (train/loss is
             then the weighted loss); "none" counts each image alike.
@@ -98,7 +94,6 @@ class ImageClassifier(L.LightningModule):
         cutmix_alpha: float = 0.0,
         mix_prob: float = 1.0,
         mix_switch_prob: float = 0.5,
-        mix_ramp_fraction: float = 0.0,
         class_weights: Literal["none", "balanced"] = "none",
         stochastic_depth: float | None = None,
         backbone_lr_scale: float = 1.0,
@@ -129,9 +124,7 @@ class ImageClassifier(L.LightningModule):
                 raise ConfigError(f"model.{name} must be {wanted}, got {value}")
         self.save_hyperparameters()
         self.backbone = build_backbone(backbone, num_classes, pretrained, stochastic_depth, small_image_stem)
-        self.batch_mixing = BatchMixing(
-            num_classes, mixup_alpha, cutmix_alpha, mix_prob, mix_switch_prob, mix_ramp_fraction
-        )
+        self.batch_mixing = BatchMixing(num_classes, mixup_alpha, cutmix_alpha, mix_prob, mix_switch_prob)
         # From the training data's class counts when the fit starts (class_weights: balanced). Not a
         # buffer: ModelEMA copies the model before that, and pairs the copy's buffers with the model's.
         self.loss_weights: torch.Tensor | None = None
@@ -158,9 +151,8 @@ class ImageClassifier(L.LightningModule):
         images, labels = batch
         targets = labels
         if self.batch_mixing.enabled:
-            progress = self.global_step / self.trainer.estimated_stepping_batches
             images, targets = self.batch_mixing(
-                images, labels, run_seed(), self.global_rank, self.trainer.fit_loop.total_batch_idx, progress
+                images, labels, run_seed(), self.global_rank, self.trainer.fit_loop.total_batch_idx
             )
         logits = self(images)
         weight = None if self.loss_weights is None else self.loss_weights.to(logits.device)
