@@ -120,7 +120,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
-        src = render_project(Path(scratch) / "project", f"image_size={args.image_size}")
+        src = render_project(Path(scratch) / "project", f"image_size={args.image_size}", "serving=yes")
         project = src.parent
         env = os.environ | {"PYTHONPATH": str(src), "PYTHONUNBUFFERED": "1"}
         sys.path.insert(0, str(src))

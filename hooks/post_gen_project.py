@@ -1,7 +1,6 @@
 """After rendering: remove the files of what the answers leave out, start git, then hand over to the
-project's own scripts/make_env.py (which users rerun): the environment, the smoke test and what to
-run next. Standard library only: this runs under the interpreter that runs cookiecutter. It never
-exits non-zero, because cookiecutter then deletes the project: a failed step says so and keeps it."""
+project's scripts/make_env.py, which users rerun: environment, smoke test, next steps. Standard library
+only (it runs under cookiecutter's Python); never a non-zero exit, on which cookiecutter deletes the project."""
 
 from __future__ import annotations  # cookiecutter may run under a Python older than the project's
 
@@ -23,33 +22,33 @@ RENDERED_BY_CRUFT = "_commit" in ANSWERS and "_output_dir" not in ANSWERS
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
 MAKE_ENV = str(Path("scripts") / "make_env.py")  # the project's own, which users rerun
 LOG = Path("runs") / "smoke-test" / "setup.log"
-# A feature's own files, removed whole when the answers leave it out: (question, the answer that keeps them).
+# A feature's own files, removed whole when the answers leave it out, by (question, the answer that
+# keeps them): its modules in src/<package>/, its tests in tests/, and other files.
 FILES_OF = {
-    ("logger", "wandb"): [f"src/{PACKAGE}/wandb_logging.py", "tests/test_wandb_logging.py", "docs/wandb.md"],
-    ("accelerator", "mps"): ["configs/trainer/mps.yaml"],
-    ("serving", "yes"): [
-        f"src/{PACKAGE}/serve.py", f"src/{PACKAGE}/image_requests.py", "tests/test_serve.py", "docs/serving.md"
-    ],
-    ("experiments", "yes"): [
-        *(f"src/{PACKAGE}/{name}.py" for name in ("sweep", "crossval", "search_space", "experiment_runs")),
-        *(f"tests/{name}.py" for name in ("test_sweep", "test_crossval", "test_parallel_experiments")),
-        *("docs/experiments.md", "configs/sweep.yaml", "scripts/sweep.sbatch"),
-    ],
+    ("logger", "wandb"): (["wandb_logging"], ["test_wandb_logging"], ["docs/wandb.md"]),
+    ("accelerator", "mps"): ([], [], ["configs/trainer/mps.yaml"]),
+    ("serving", "yes"): (["serve", "image_requests"], ["test_serve"], ["docs/serving.md"]),
+    ("experiments", "yes"): (
+        ["sweep", "crossval", "search_space", "experiment_runs"],
+        ["test_sweep", "test_crossval", "test_parallel_experiments"],
+        ["docs/experiments.md", "configs/sweep.yaml", "scripts/sweep.sbatch"],
+    ),
+    ("timm", "yes"): (["timm_backbones"], ["test_timm"], []),
 }
 
 
 def remove_unchosen_features() -> None:
-    for (question, keeping_answer), paths in FILES_OF.items():
+    for (question, keeping_answer), (modules, tests, others) in FILES_OF.items():
         if ANSWERS[question] != keeping_answer:
-            for path in paths:
+            paths = [f"src/{PACKAGE}/{name}.py" for name in modules] + [f"tests/{name}.py" for name in tests]
+            for path in paths + others:
                 Path(path).unlink()
 
 
 def main() -> None:
     remove_unchosen_features()
     if in_temporary_folder():
-        # cruft diffs renders like this one against the project: a repository, .venv or runs/ in
-        # it would become part of the update.
+        # cruft diffs renders like this one against the project: a repository, .venv or runs/ would join the update.
         say("Rendered into a temporary folder (cruft update or diff): no repository, environment or smoke test.")
         return
     start_git()
@@ -67,12 +66,11 @@ def main() -> None:
 
 
 def skip_reason() -> str | None:
-    forced = os.environ.get(FORCE)
     in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
     if SETUP_ENV == "none":
         return "setup_env=none (no environment, so no smoke test either)"
-    if forced in ("0", "1"):
-        return f"{FORCE}=0" if forced == "0" else None
+    if os.environ.get(FORCE) in ("0", "1"):
+        return f"{FORCE}=0" if os.environ[FORCE] == "0" else None
     if in_ci or sys.stdin is None or not sys.stdin.isatty():
         return f"{'CI is set' if in_ci else 'no terminal'} (set {FORCE}=1 to run them anyway)"
     return None

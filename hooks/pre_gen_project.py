@@ -135,7 +135,10 @@ def problems(answers: dict[str, str]) -> list[str]:
         )
     backbone = answers["backbone"]
     if backbone.startswith("timm/"):
-        if not is_timm_model(backbone):
+        if answers["timm"] != "yes":
+            found.append(f"backbone {backbone!r} is a timm model, and timm is no: answer timm=yes, or pick a "
+                         "torchvision model such as resnet18.")  # fmt: skip
+        elif not is_timm_model(backbone):
             found.append(f"backbone {backbone!r} is not a timm model: see timm.list_models(pretrained=True).")
     elif not is_torchvision_classifier(backbone):
         close = difflib.get_close_matches(backbone.lower(), sorted(TORCHVISION_CLASSIFIERS), n=3, cutoff=0.5)

@@ -1,6 +1,8 @@
+import ast
 import contextlib
 import importlib.util
 import itertools
+import json
 import os
 import signal
 import site
@@ -22,6 +24,38 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 
 # Answers that need no environment and start no smoke test: the tests do those steps themselves.
 QUIET = {"setup_env": "none", "smoke_test": "no"}
+
+# Each answer's default: the first choice of a menu.
+TEMPLATE_DEFAULTS = {
+    key: value[0] if isinstance(value, list) else value
+    for key, value in json.loads((TEMPLATE / "cookiecutter.json").read_text()).items()
+    if not key.startswith("_")
+}
+
+
+def _hook_files_of() -> dict:
+    """The post-generation hook's table of each feature's files (a literal in a rendered script)."""
+    tree = ast.parse((TEMPLATE / "hooks" / "post_gen_project.py").read_text())
+    assignments = [node for node in tree.body if isinstance(node, ast.Assign)]
+    (table,) = [node.value for node in assignments if ast.unparse(node.targets[0]) == "FILES_OF"]
+    return ast.literal_eval(table)
+
+
+# What each capability adds to a project when its answer is yes: the hook's table.
+CAPABILITY_FILES = {
+    question: [f"src/{{package}}/{name}.py" for name in modules] + [f"tests/{name}.py" for name in tests] + others
+    for (question, keeping_answer), (modules, tests, others) in _hook_files_of().items()
+    if keeping_answer == "yes"
+}
+# The marks of a capability that must not be left when its answer is no: a command, an import, a docs
+# page, a config, an extra.
+CAPABILITY_MARKS = {
+    "serving": r"`serve`|serving\.md|litserve|image_requests|python-multipart|\[serve\]|,serve\b|\bserve\.py|"
+    r'"serve"|{package} serve\b|EXPOSE',
+    "experiments": r"optuna|\[sweep\]|,sweep\b|`sweep|`cv`|`repeat`|\"(sweep|cv|repeat)\"|crossval|search_space|"
+    r"experiment_runs|experiments\.md|sweep\.(yaml|sbatch)|sweeps/|^cv/|{package} (sweep|cv|repeat)\b|gpus-per-trial",
+    "timm": r"timm|[Hh]ugging ?[Ff]ace|HF_HOME|pretrained_cfg|drop_path",
+}
 
 
 def pytest_addoption(parser):
@@ -74,7 +108,9 @@ def answer_matrix() -> list[dict[str, str]]:
         "project_name": ["Image Classifier", "Défect Spotter 2", "leaf_disease", "X-Ray Triage.v2"],
         "devices": ["1", "2", "auto", "8"],
         "serving": ["yes", "no"],
-        "experiments": ["yes", "yes", "no"],  # another period than serving's: every pair of answers occurs
+        # Periods of 2, 3 and 5: every combination of these answers occurs.
+        "experiments": ["yes", "yes", "no"],
+        "timm": ["yes", "yes", "no", "yes", "no"],
     }
     for index, combo in enumerate(combos):
         for key, values in independent.items():
@@ -137,3 +173,9 @@ def render(output_dir: Path, **answers: str) -> Path:
 @pytest.fixture(scope="session")
 def default_project(tmp_path_factory) -> Path:
     return render(tmp_path_factory.mktemp("default"))
+
+
+@pytest.fixture(scope="session")
+def full_project(tmp_path_factory) -> Path:
+    """The default answers with every capability on: the render whose test suite covers all the code."""
+    return render(tmp_path_factory.mktemp("full"), **dict.fromkeys(CAPABILITY_FILES, "yes"))

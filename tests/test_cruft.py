@@ -108,7 +108,7 @@ def test_a_cookiecutter_project_keeps_its_answers_and_links_to_cruft(tmp_path, t
 
 
 def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path, template_repo):
-    answers = {"logger": "csv", "serving": "no", "experiments": "no"}
+    answers = {"logger": "csv", "serving": "no", "experiments": "no", "timm": "no"}
     run(CRUFT, "create", "--no-input", str(template_repo), "--output-dir", str(tmp_path),
         "--extra-context", json.dumps(answers), cwd=tmp_path)  # fmt: skip
     project = tmp_path / "image-classifier"
@@ -119,11 +119,12 @@ def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path
     commit_all(project, "A lower learning rate")
     assert not (package / "serve.py").exists() and not (package / "sweep.py").exists()
 
-    added = {"serving": "yes", "experiments": "yes"}
+    added = {"serving": "yes", "experiments": "yes", "timm": "yes"}
     run(CRUFT, "update", "--skip-apply-ask", "--variables-to-update", json.dumps(added), cwd=project)
-    brought = ["tests/test_serve.py", "tests/test_sweep.py", "docs/serving.md", "docs/experiments.md"]
-    brought += ["configs/sweep.yaml"]
-    for path in [package / "serve.py", package / "sweep.py", *(project / name for name in brought)]:
+    brought = [package / name for name in ("serve.py", "sweep.py", "timm_backbones.py")]
+    brought += [project / "tests" / name for name in ("test_serve.py", "test_sweep.py", "test_timm.py")]
+    brought += [project / name for name in ("docs/serving.md", "docs/experiments.md", "configs/sweep.yaml")]
+    for path in brought:
         assert path.is_file(), f"{path} did not come with its capability"
     assert os.access(project / "scripts" / "sweep.sbatch", os.X_OK)
     tools = (package / "cli.py").read_text()

@@ -46,7 +46,7 @@ def copies(steps: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
 
 @pytest.mark.parametrize("python_version", ["3.11", "3.13"])
 def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_path, python_version):
-    project = render(tmp_path, python_version=python_version)
+    project = render(tmp_path, python_version=python_version, serving="yes")
     steps = instructions(project)
     base = dict(arguments.split("=", 1) for kind, arguments in steps if kind == "ARG")["BASE_IMAGE"]
     image = re.fullmatch(r"pytorch/pytorch:(\d+)\.(\d+)\.\d+-cuda\d+\.\d+-cudnn\d+-runtime", base)
@@ -82,9 +82,19 @@ def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_p
         assert installs == ['--mount=type=cache,target=/root/.cache/uv uv pip install ".[serve]"']
 
 
+@pytest.mark.parametrize(
+    ("answers", "installed"),
+    [({}, "pip install ."), ({"backbone": "timm/resnet18"}, 'pip install ".[timm]"'),
+     ({"serving": "yes", "backbone": "timm/resnet18"}, 'pip install ".[serve,timm]"')],
+)  # fmt: skip
+def test_the_image_installs_the_extras_the_answers_need(tmp_path, answers, installed):
+    runs = [arguments for kind, arguments in instructions(render(tmp_path, **answers)) if kind == "RUN"]
+    assert [arguments for arguments in runs if " install " in arguments][-1].endswith(installed), runs
+
+
 @pytest.mark.slow
 def test_the_images_install_step_gives_a_cli_that_trains(tmp_path):
-    project = render(tmp_path / "render")
+    project = render(tmp_path / "render", serving="yes")
     app = tmp_path / "app"  # the image's /app
     for sources, destination in copies(instructions(project)):
         for source in sources:

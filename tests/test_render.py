@@ -7,7 +7,17 @@ import sys
 
 import pytest
 import yaml
-from conftest import TEMPLATE, answer_matrix, hardware_rules, render, run_bounded, tomllib
+from conftest import (
+    CAPABILITY_FILES,
+    CAPABILITY_MARKS,
+    TEMPLATE,
+    TEMPLATE_DEFAULTS,
+    answer_matrix,
+    hardware_rules,
+    render,
+    run_bounded,
+    tomllib,
+)
 
 MATRIX = answer_matrix()
 
@@ -52,7 +62,6 @@ MODULES = [
     "sigterm",
     "smoke_test",
     "streaming",
-    "timm_backbones",
     "transforms",
     "tune",
     "tuned_config",
@@ -88,30 +97,10 @@ TESTS = [
     "test_sharding",
     "test_smoke_test",
     "test_streaming",
-    "test_timm",
     "test_transforms",
     "test_tune",
     "test_warnings",
 ]
-
-
-# What each capability adds to a project when its answer is yes.
-CAPABILITY_FILES = {
-    "serving": ["src/{package}/serve.py", "src/{package}/image_requests.py", "tests/test_serve.py", "docs/serving.md"],
-    "experiments": [
-        *(f"src/{{package}}/{name}.py" for name in ("sweep", "crossval", "search_space", "experiment_runs")),
-        *(f"tests/{name}.py" for name in ("test_sweep", "test_crossval", "test_parallel_experiments")),
-        *("docs/experiments.md", "configs/sweep.yaml", "scripts/sweep.sbatch"),
-    ],
-}
-# The marks of a capability that must not be left when its answer is no: a command, an import, a docs
-# page, a config, an extra.
-CAPABILITY_MARKS = {
-    "serving": r"`serve`|serving\.md|litserve|image_requests|python-multipart|\[serve\]|,serve\b|\bserve\.py|"
-    r'"serve"|{package} serve\b|EXPOSE',
-    "experiments": r"optuna|\[sweep\]|,sweep\b|`sweep|`cv`|`repeat`|\"(sweep|cv|repeat)\"|crossval|search_space|"
-    r"experiment_runs|experiments\.md|sweep\.(yaml|sbatch)|sweeps/|^cv/|{package} (sweep|cv|repeat)\b|gpus-per-trial",
-}
 
 
 def expected_files(package: str, logger: str, accelerator: str, chosen: set[str]) -> set[str]:
@@ -146,7 +135,9 @@ def expected_files(package: str, logger: str, accelerator: str, chosen: set[str]
 
 
 def chosen_capabilities(answers: dict[str, str]) -> set[str]:
-    return {capability for capability in CAPABILITY_FILES if answers.get(capability, "yes") == "yes"}
+    return {
+        capability for capability in CAPABILITY_FILES if answers.get(capability, TEMPLATE_DEFAULTS[capability]) == "yes"
+    }
 
 
 def chosen_preset(answers: dict[str, str]) -> str:

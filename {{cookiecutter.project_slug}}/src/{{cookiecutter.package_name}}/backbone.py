@@ -1,4 +1,4 @@
-"""Any torchvision classification model by name (or timm's, named timm/...), with its head sized for our classes."""
+"""Any torchvision classification model by name{{ " (or timm's, named timm/...)" if cookiecutter.timm == "yes" }}, with its head sized for our classes."""
 
 import os
 from pathlib import Path
@@ -8,7 +8,9 @@ import torchvision
 from torch import nn
 from torchvision.ops import StochasticDepth
 
+{% if cookiecutter.timm == "yes" -%}
 from . import timm_backbones
+{% endif -%}
 from .errors import ConfigError, MissingError, closest
 
 
@@ -17,10 +19,12 @@ def classification_models() -> list[str]:
 
 
 def check_backbone_name(name: str) -> None:
-    """Fail at once on a name torchvision (or timm) does not know, listing the closest ones it does."""
+    """Fail at once on a name torchvision{{ " (or timm)" if cookiecutter.timm == "yes" }} does not know, listing the closest ones it does."""
+{%- if cookiecutter.timm == "yes" %}
     if timm_backbones.is_timm(name):
         timm_backbones.check_name(name)
         return
+{%- endif %}
     known = classification_models()
     if name not in known:
         close = closest(name, known)
@@ -69,14 +73,20 @@ def _refusal(model: nn.Module, size: int) -> str | None:
 def build_backbone(
     name: str, num_classes: int, pretrained: bool, stochastic_depth: float | None = None, small_image_stem: bool = False
 ) -> nn.Module:
-    if timm_backbones.is_timm(name):
-        model = timm_backbones.build(name, num_classes, pretrained, stochastic_depth)
-    else:
-        model = _build(name, num_classes, pretrained)
-        if stochastic_depth is not None:
-            set_stochastic_depth(model, name, stochastic_depth)
+    model = _build_any(name, num_classes, pretrained, stochastic_depth)
     if small_image_stem:
         keep_resolution_through_stem(model, name)
+    return model
+
+
+def _build_any(name: str, num_classes: int, pretrained: bool, stochastic_depth: float | None) -> nn.Module:
+{%- if cookiecutter.timm == "yes" %}
+    if timm_backbones.is_timm(name):
+        return timm_backbones.build(name, num_classes, pretrained, stochastic_depth)
+{%- endif %}
+    model = _build(name, num_classes, pretrained)
+    if stochastic_depth is not None:
+        set_stochastic_depth(model, name, stochastic_depth)
     return model
 
 
@@ -86,7 +96,7 @@ def keep_resolution_through_stem(model: nn.Module, name: str) -> None:
     convolution, pool = getattr(model, "conv1", None), getattr(model, "maxpool", None)
     if not (isinstance(convolution, nn.Conv2d) and isinstance(pool, nn.MaxPool2d)):
         raise ConfigError(
-            f"model.small_image_stem works with ResNet stems (resnet*, resnext*, wide_resnet*, timm/resnet*): {name} "
+            f"model.small_image_stem works with ResNet stems (resnet*, resnext*, wide_resnet*{{ ", timm/resnet*" if cookiecutter.timm == "yes" }}): {name} "
             "has no single convolution followed by a max-pool. Set it to false."
         )
     convolution.stride = (1, 1)
@@ -143,11 +153,15 @@ def set_stochastic_depth(model: nn.Module, name: str, probability: float) -> Non
 
 
 def head_names(model: nn.Module, num_classes: int) -> list[str]:
+{%- if cookiecutter.timm == "yes" %}
     """The names of the classification head(s): those timm's config names (some models have two),
     else the last layer that outputs `num_classes` values."""
     named = getattr(model, "pretrained_cfg", {}).get("classifier")
     if named:
         return [named] if isinstance(named, str) else list(named)
+{%- else %}
+    """The name of the classification head: the last layer that outputs `num_classes` values."""
+{%- endif %}
     try:
         return [_last_layer_with_outputs(model, num_classes)[0]]
     except ValueError as error:

@@ -28,7 +28,7 @@ class WarmedUpEMA:
 
 class ModelEMA(WeightAveraging):
     """Lightning's weight averaging with an EMA of the weights and buffers (BatchNorm statistics),
-    as timm's and torchvision's reference recipes keep: validation runs on the average, and every
+    as the reference training recipes keep: validation runs on the average, and every
     checkpoint's weights are the average (so `best`, `classify` and `export` use it), with the
     trained weights beside them for resuming, which restores both exactly.
 

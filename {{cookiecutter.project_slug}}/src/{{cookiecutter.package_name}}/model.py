@@ -34,12 +34,18 @@ class ImageClassifier(L.LightningModule):
         num_classes: Number of classes; the CLI takes it from the data.
         class_names: Class names in label order; the CLI takes them from the data and they are
             saved with every checkpoint.
+{%- if cookiecutter.timm == "yes" %}
         backbone: A torchvision classification model name, such as resnet18 or efficientnet_b0, or
             a timm one as timm/<model>[.<pretrained tag>], such as timm/convnext_tiny.fb_in1k (the
             timm extra: pip install -e ".[timm]").
         pretrained: Start from the ImageNet weights (torchvision's, downloaded once into TORCH_HOME;
             timm's, from the Hugging Face Hub into its cache); the
             images are then prepared as those weights expect (data.mean, std, crop_ratio, interpolation).
+{%- else %}
+        backbone: A torchvision classification model name, such as resnet18 or efficientnet_b0.
+        pretrained: Start from torchvision's ImageNet weights, downloaded once into TORCH_HOME; the
+            images are then prepared as those weights expect (data.mean, std, crop_ratio, interpolation).
+{%- endif %}
         lr: Peak learning rate for an effective batch of `base_batch_size` images.
         weight_decay: AdamW weight decay for weight matrices and kernels; biases and norms get none.
         warmup_fraction: Fraction of the optimizer steps spent warming the learning rate up linearly
@@ -57,8 +63,8 @@ class ImageClassifier(L.LightningModule):
             then the weighted loss); "none" counts each image alike.
         stochastic_depth: Probability that training skips the deepest residual block (drop path;
             shallower blocks less, in proportion), for the backbones that have it (ConvNeXt,
-            EfficientNet, Swin, MaxViT; timm's drop_path_rate). Unset: the library's value for the
-            backbone (torchvision: 0.1 to 0.5; timm: 0).
+            EfficientNet, Swin, MaxViT{{ "; timm's drop_path_rate" if cookiecutter.timm == "yes" }}). Unset: the library's value for the
+            backbone (torchvision: 0.1 to 0.5{{ "; timm: 0" if cookiecutter.timm == "yes" }}).
         backbone_lr_scale: The learning rate of every layer but the classification head, as a share
             of `lr`: below 1 (0.1, say) changes pretrained features less than the new head.
         frozen_backbone_epochs: Train only the head for this many epochs first (the backbone's
@@ -74,7 +80,7 @@ class ImageClassifier(L.LightningModule):
             as small-image recipes (CIFAR's ResNets) do: its ImageNet stem divides the side by 4
             before the first block, to 8 x 8 for 32 px images. About a point more accuracy at the same
             epochs, at 3 to 5.5 times the time per epoch on a CPU (32 px digits, Fashion-MNIST);
-            pretrained weights still load. For resnet*, resnext*, wide_resnet* and timm's plain ResNets.
+            pretrained weights still load. For resnet*, resnext*{{ ", wide_resnet* and timm's plain ResNets" if cookiecutter.timm == "yes" else " and wide_resnet*" }}.
         compile_mode: `torch.compile` the backbone with this mode ("default", "reduce-overhead",
             "max-autotune"), or "off". Compiling takes a minute or more at the start of each run;
             TORCHINDUCTOR_CACHE_DIR on a persistent disk keeps the compiled kernels across runs.

@@ -1,4 +1,4 @@
-"""Which parts of a backbone (torchvision's or timm's) FSDP shards as one unit: its repeated blocks.
+"""Which parts of a backbone (torchvision's{{ " or timm's" if cookiecutter.timm == "yes" }}) FSDP shards as one unit: its repeated blocks.
 
 A block is the unit of an all-gather: sharding per block keeps one block's full parameters in
 memory at a time, with far fewer collectives than sharding per layer. Both FSDP presets use this
@@ -37,6 +37,7 @@ BLOCK_CLASS_NAMES = frozenset(
         "InceptionC",
         "InceptionD",
         "InceptionE",
+{%- if cookiecutter.timm == "yes" %}
         # timm's (BasicBlock, Bottleneck, InvertedResidual and SwinTransformerBlock are named as torchvision's)
         "ConvNeXtBlock",  # ConvNeXt V1, V2
         "Block",  # ViT, DeiT, BEiT
@@ -47,6 +48,7 @@ BLOCK_CLASS_NAMES = frozenset(
         "SwinTransformerV2Block",
         "MbConvBlock",  # MaxViT, CoAtNet
         "PartitionAttentionCl",
+{%- endif %}
     }
 )
 
@@ -79,7 +81,7 @@ def cast_buffers_with_parameters(strategy: Strategy) -> None:
 
 def is_block(module: nn.Module) -> bool:
     kind = type(module)
-    return kind.__name__ in BLOCK_CLASS_NAMES and kind.__module__.startswith(("torchvision.models", "timm.models"))
+    return kind.__name__ in BLOCK_CLASS_NAMES and kind.__module__.startswith({{ '("torchvision.models", "timm.models")' if cookiecutter.timm == "yes" else '"torchvision.models"' }})
 
 
 def backbone_blocks(model: nn.Module) -> list[nn.Module]:

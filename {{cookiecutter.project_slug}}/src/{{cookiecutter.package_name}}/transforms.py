@@ -9,7 +9,9 @@ import torchvision
 from torchvision.transforms import InterpolationMode, v2
 from torchvision.transforms.v2.functional import normalize, to_dtype
 
+{% if cookiecutter.timm == "yes" -%}
 from . import timm_backbones
+{% endif -%}
 from .backbone import check_backbone_name
 from .errors import ConfigError
 
@@ -93,10 +95,12 @@ class Preprocessing:
 
 def weights_preprocessing(backbone: str) -> dict:
     """The crop ratio, interpolation, mean and std that a backbone's default pretrained weights were
-    trained and evaluated with (as torchvision's `weights.transforms()` or timm's config states them)."""
+    trained and evaluated with (as torchvision's `weights.transforms()`{{ " or timm's config" if cookiecutter.timm == "yes" }} states them)."""
     check_backbone_name(backbone)
+{%- if cookiecutter.timm == "yes" %}
     if timm_backbones.is_timm(backbone):
         return timm_backbones.weights_preprocessing(backbone)
+{%- endif %}
     transform = torchvision.models.get_model_weights(backbone).DEFAULT.transforms()
     return {
         "crop_ratio": transform.crop_size[0] / transform.resize_size[0],
