@@ -52,15 +52,15 @@ def main() -> None:
         say("Rendered into a temporary folder (cruft update or diff): no repository, environment or smoke test.")
         return
     start_git()
+    smoke = ["--smoke"] if ANSWERS["smoke_test"] == "yes" else []
     skipped = skip_reason()
-    if skipped:
+    if skipped:  # make_env.py, once run, says what to run next
         say(f"No environment or smoke test: {skipped}.")
-        # make_env.py says what to run once the environment is made.
-        print(f"\nNext:\n  cd {Path.cwd()}\n  python3 {MAKE_ENV} {SETUP_ENV if SETUP_ENV != 'none' else 'uv'}")
+        setup = " ".join(["python3", MAKE_ENV, SETUP_ENV if SETUP_ENV != "none" else "uv", *smoke])
+        print(f"\nNext:\n  cd {Path.cwd()}\n  {setup}")
         return
     LOG.parent.mkdir(parents=True, exist_ok=True)
     LOG.write_text("")
-    smoke = ["--smoke"] if ANSWERS["smoke_test"] == "yes" else []
     if subprocess.run([sys.executable, MAKE_ENV, SETUP_ENV, "--log", str(LOG), *smoke]).returncode != 0:
         print(f"The project is kept in {Path.cwd()}.")
 

@@ -107,10 +107,11 @@ def answer_matrix() -> list[dict[str, str]]:
         "python_version": ["3.11", "3.10", "3.12", "3.13"],
         "project_name": ["Image Classifier", "Défect Spotter 2", "leaf_disease", "X-Ray Triage.v2"],
         "devices": ["1", "2", "auto", "8"],
+        # Periods of 2, 7 and 11, prime to each other and to the loggers' run of 3: every combination
+        # of the capabilities occurs, and each of them on and off with every logger and backbone.
         "serving": ["yes", "no"],
-        # Periods of 2, 3 and 5: every combination of these answers occurs.
-        "experiments": ["yes", "yes", "no"],
-        "timm": ["yes", "yes", "no", "yes", "no"],
+        "experiments": ["yes", "no", "yes", "yes", "no", "yes", "no"],
+        "timm": ["yes", "no", "yes", "yes", "no", "yes", "no", "yes", "yes", "no", "yes"],
     }
     for index, combo in enumerate(combos):
         for key, values in independent.items():

@@ -126,6 +126,9 @@ def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path
     brought += [project / name for name in ("docs/serving.md", "docs/experiments.md", "configs/sweep.yaml")]
     for path in brought:
         assert path.is_file(), f"{path} did not come with its capability"
+    assert not list(project.rglob("*.rej")), "a part of the update did not apply"
+    for shared in ("backbone.py", "transforms.py"):  # the seams in files both sides have
+        assert "from . import timm_backbones" in (package / shared).read_text(), shared
     assert os.access(project / "scripts" / "sweep.sbatch", os.X_OK)
     tools = (package / "cli.py").read_text()
     assert '"serve": "serve",' in tools and '"sweep": "sweep",' in tools

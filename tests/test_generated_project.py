@@ -43,13 +43,12 @@ def test_the_full_project_passes_its_own_tests(full_project):
 
 @pytest.mark.slow
 def test_non_default_project_passes_its_own_tests(tmp_path):
-    # The multi-process tests set their own logger and hardware, which these answers do not change
-    # (the default project runs them); FSDP2's sharding follows the backbone, so it runs here too.
-    # The servers', streaming data's, the tuners', the benchmarks', timm's and exact resume's tests and the
-    # sweeps' and cross-validation's process tests read none of these answers either: their options are their own.
-    skipped = ("(not test_distributed or fsdp2) and not server and not parallel_experiments and not test_streaming"
-               " and not test_safeguards and not test_tune and not test_benchmark and not test_timm"
-               " and not test_exact_resume")  # fmt: skip
+    # Every capability off. The multi-process tests set their own logger and hardware, which these
+    # answers do not change (the full project runs them); FSDP2's sharding follows the backbone, so it
+    # runs here too. Streaming data's, the tuners', the benchmarks' and exact resume's tests read none
+    # of these answers either: their options are their own.
+    skipped = ("(not test_distributed or fsdp2) and not test_streaming and not test_safeguards and not test_tune"
+               " and not test_benchmark and not test_exact_resume")  # fmt: skip
     run_project_tests(render(tmp_path, **NON_DEFAULT), "-k", skipped)
 
 

@@ -1,5 +1,6 @@
 """scripts/make_env.py, the environment step of the project's generation, which users rerun."""
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,17 @@ def test_current_checks_this_python_and_installs_nothing(tmp_path):
     assert f"# Using {sys.executable} as it is" in (tmp_path / "runs" / "setup.log").read_text()
     # Then what to run with that Python, which `python` may not be.
     assert done.stdout.endswith(f"PYTHONPATH=src {sys.executable} -m pytest\n"), done.stdout
+
+
+def test_after_a_venv_the_next_steps_activate_it(capsys):
+    # Debian and Ubuntu have python3 but no `python` outside an activated environment.
+    spec = importlib.util.spec_from_file_location("make_env", PROJECT_ROOT / "scripts" / "make_env.py")
+    make_env = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_env)
+    make_env.print_next_steps(make_env.VENV_PYTHON)
+    steps = capsys.readouterr().out.split("Next:")[1].splitlines()[2:]
+    commands = ["{{ cookiecutter.package_name }} doctor", "{{ cookiecutter.package_name }} fit", "pytest"]
+    assert steps == [f"  . .venv/bin/activate && python -m {command}" for command in commands]
 
 
 def test_an_index_out_of_reach_stops_in_seconds_and_names_it(tmp_path):

@@ -1,6 +1,6 @@
 """The runs under a folder: the one home of "the newest run", which resuming, the smoke test,
-report and classify{{ " and serve" if cookiecutter.serving == "yes" }} all look up, of whether a run has finished, and of a run's best
-checkpoint, which classify{{ " and serve" if cookiecutter.serving == "yes" }} use by default.
+{{ "report, classify and serve" if cookiecutter.serving == "yes" else "report and classify" }} all look up, of whether a run has finished, and of a run's
+best checkpoint, which {{ "classify and serve use" if cookiecutter.serving == "yes" else "classify uses" }} by default.
 
 A run is a folder <root>/<name>/<version> whose checkpoints/ holds last.ckpt (a file, or a folder of
 shards); the newest is the one whose last.ckpt was written last. A run that ends (its epochs done,

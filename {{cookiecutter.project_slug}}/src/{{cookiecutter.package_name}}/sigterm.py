@@ -1,6 +1,6 @@
 """A SIGTERM sent to a whole process group (scancel, `timeout`, a terminal, `docker stop` of a shell
 script) reaches a command's helper processes at the same moment as the command itself. Each helper
-(a data worker, a server's worker process) leaves it to the command, which stops in order and
+(a data worker, or another helper process) leaves it to the command, which stops in order and
 then ends its helpers itself: a helper that died first would lose a checkpoint or a request."""
 
 import os
