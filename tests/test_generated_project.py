@@ -28,10 +28,15 @@ def project_env(project: Path) -> dict[str, str]:
 
 
 def run_project_tests(project: Path, *pytest_args: str) -> None:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
+    temp = project.parent / "pytest-temp"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={temp}", *pytest_args]
     result = run_bounded(command, 1800, cwd=project, env=project_env(project))
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert re.search(r"\d+ passed", result.stdout)
+    # Each test's checkpoints are gone once it passes: a whole run once left over 20 GB on the disk.
+    left = {folder.name: sum(file.stat().st_size for file in folder.rglob("*") if file.is_file())
+            for folder in temp.iterdir()}  # fmt: skip
+    assert sum(left.values()) < 20 * 2**20, f"the passing tests left these many bytes: {left}"
 
 
 @pytest.mark.slow

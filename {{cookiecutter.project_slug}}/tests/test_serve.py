@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def test_a_body_over_the_limit_is_refused_without_a_declared_length():
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory, tiny_shapes) -> Path:
+def model(tmp_path_factory, tiny_shapes) -> Iterator[Path]:
     """The last checkpoint of one short run on the tiny dataset."""
     folder = tmp_path_factory.mktemp("served")
     shutil.copytree(PROJECT_ROOT / "configs", folder / "configs")
@@ -121,7 +122,8 @@ def model(tmp_path_factory, tiny_shapes) -> Path:
                                     "--trainer.max_epochs=1"])  # fmt: skip
         main()
     (checkpoint,) = folder.glob("runs/*/*/checkpoints/last.ckpt")
-    return checkpoint
+    yield checkpoint
+    shutil.rmtree(folder)  # its checkpoints and export are 300 MB, for this module only
 
 
 def post(port: int, body: bytes, content_type: str | None) -> tuple[int, dict]:
