@@ -34,14 +34,14 @@ FILES_OF = {
         ["docs/experiments.md", "configs/sweep.yaml", "scripts/sweep.sbatch"],
     ),
     ("timm", "yes"): (["timm_backbones"], ["test_timm"], []),
+    ("streaming", "yes"): (["streaming", "shard"], ["test_streaming"], ["docs/streaming.md"]),
 }
 
 
 def remove_unchosen_features() -> None:
     for (question, keeping_answer), (modules, tests, others) in FILES_OF.items():
         if ANSWERS[question] != keeping_answer:
-            paths = [f"src/{PACKAGE}/{name}.py" for name in modules] + [f"tests/{name}.py" for name in tests]
-            for path in paths + others:
+            for path in [f"src/{PACKAGE}/{m}.py" for m in modules] + [f"tests/{t}.py" for t in tests] + others:
                 Path(path).unlink()
 
 

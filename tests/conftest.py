@@ -47,6 +47,8 @@ CAPABILITY_FILES = {
     for (question, keeping_answer), (modules, tests, others) in _hook_files_of().items()
     if keeping_answer == "yes"
 }
+# The answers of the full render, every capability on.
+EVERY_CAPABILITY = dict.fromkeys(CAPABILITY_FILES, "yes")
 # The marks of a capability that must not be left when its answer is no: a command, an import, a docs
 # page, a config, an extra.
 CAPABILITY_MARKS = {
@@ -55,6 +57,7 @@ CAPABILITY_MARKS = {
     "experiments": r"optuna|\[sweep\]|,sweep\b|`sweep|`cv`|`repeat`|\"(sweep|cv|repeat)\"|crossval|search_space|"
     r"experiment_runs|experiments\.md|sweep\.(yaml|sbatch)|sweeps/|^cv/|{package} (sweep|cv|repeat)\b|gpus-per-trial",
     "timm": r"timm|[Hh]ugging ?[Ff]ace|HF_HOME|pretrained_cfg|drop_path",
+    "streaming": r"litdata|LitData|streaming|`shard\b|\"shard\"|{package} shard\b|moto|data\.format",
 }
 
 
@@ -107,11 +110,12 @@ def answer_matrix() -> list[dict[str, str]]:
         "python_version": ["3.11", "3.10", "3.12", "3.13"],
         "project_name": ["Image Classifier", "Défect Spotter 2", "leaf_disease", "X-Ray Triage.v2"],
         "devices": ["1", "2", "auto", "8"],
-        # Periods of 2, 7 and 11, prime to each other and to the loggers' run of 3: every combination
-        # of the capabilities occurs, and each of them on and off with every logger and backbone.
+        # Periods of 2, 7, 11 and 13, prime to each other, to the loggers' run of 3 and the backbones'
+        # of 5: every combination of the capabilities occurs, each on and off with every logger and backbone.
         "serving": ["yes", "no"],
         "experiments": ["yes", "no", "yes", "yes", "no", "yes", "no"],
         "timm": ["yes", "no", "yes", "yes", "no", "yes", "no", "yes", "yes", "no", "yes"],
+        "streaming": ["no", "yes", "no", "no", "yes", "no", "yes", "no", "no", "yes", "no", "yes", "no"],
     }
     for index, combo in enumerate(combos):
         for key, values in independent.items():
@@ -179,4 +183,4 @@ def default_project(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def full_project(tmp_path_factory) -> Path:
     """The default answers with every capability on: the render whose test suite covers all the code."""
-    return render(tmp_path_factory.mktemp("full"), **dict.fromkeys(CAPABILITY_FILES, "yes"))
+    return render(tmp_path_factory.mktemp("full"), **EVERY_CAPABILITY)

@@ -10,7 +10,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import TEMPLATE, render, run_bounded
+from conftest import CAPABILITY_FILES, TEMPLATE, render, run_bounded
 
 CRUFT = str(Path(sys.executable).parent / "cruft")
 GIT_IDENTITY = {
@@ -120,7 +120,7 @@ def test_a_cookiecutter_project_keeps_its_answers_and_links_to_cruft(tmp_path, t
 
 
 def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path, template_repo):
-    answers = {"logger": "csv", "serving": "no", "experiments": "no", "timm": "no"}
+    answers = {"logger": "csv", "serving": "no", "experiments": "no", "timm": "no", "streaming": "no"}
     run(CRUFT, "create", "--no-input", str(template_repo), "--output-dir", str(tmp_path),
         "--extra-context", json.dumps(answers), cwd=tmp_path)  # fmt: skip
     project = tmp_path / "image-classifier"
@@ -131,11 +131,9 @@ def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path
     commit_all(project, "A lower learning rate")
     assert not (package / "serve.py").exists() and not (package / "sweep.py").exists()
 
-    added = {"serving": "yes", "experiments": "yes", "timm": "yes"}
+    added = {"serving": "yes", "experiments": "yes", "timm": "yes", "streaming": "yes"}
     run(CRUFT, "update", "--skip-apply-ask", "--variables-to-update", json.dumps(added), cwd=project)
-    brought = [package / name for name in ("serve.py", "sweep.py", "timm_backbones.py")]
-    brought += [project / "tests" / name for name in ("test_serve.py", "test_sweep.py", "test_timm.py")]
-    brought += [project / name for name in ("docs/serving.md", "docs/experiments.md", "configs/sweep.yaml")]
+    brought = [project / name.format(package=package.name) for answer in added for name in CAPABILITY_FILES[answer]]
     for path in brought:
         assert path.is_file(), f"{path} did not come with its capability"
     assert not list(project.rglob("*.rej")), "a part of the update did not apply"
@@ -143,11 +141,12 @@ def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path
         assert "from . import timm_backbones" in (package / shared).read_text(), shared
     assert os.access(project / "scripts" / "sweep.sbatch", os.X_OK)
     tools = (package / "cli.py").read_text()
-    assert '"serve": "serve",' in tools and '"sweep": "sweep",' in tools
+    assert '"serve": "serve",' in tools and '"sweep": "sweep",' in tools and '"shard": "shard",' in tools
     pyproject = (project / "pyproject.toml").read_text()
-    assert "litserve" in pyproject and "optuna" in pyproject
+    assert "litserve" in pyproject and "optuna" in pyproject and "litdata" in pyproject
     readme = (project / "README.md").read_text()
-    assert "| `serve` |" in readme and "| `sweep SPACE` |" in readme
+    assert "| `serve` |" in readme and "| `sweep SPACE` |" in readme and "| `shard IMAGES OUTPUT` |" in readme
+    assert 'format: Literal["folder", "streaming"]' in (package / "data.py").read_text()
     assert "lr: float = 1e-3," in model.read_text(), "the user's edit was lost"
     kept = json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]
     assert {key: kept[key] for key in added} == added

@@ -20,6 +20,7 @@ NON_DEFAULT = {
     "serving": "no",
     "experiments": "no",
     "timm": "no",
+    "streaming": "no",
 }
 
 
@@ -50,10 +51,10 @@ def test_the_full_project_passes_its_own_tests(full_project):
 def test_non_default_project_passes_its_own_tests(tmp_path):
     # Every capability off. The multi-process tests set their own logger and hardware, which these
     # answers do not change (the full project runs them); FSDP2's sharding follows the backbone, so it
-    # runs here too. Streaming data's, the tuners', the benchmarks' and exact resume's tests read none
-    # of these answers either: their options are their own.
-    skipped = ("(not test_distributed or fsdp2) and not test_streaming and not test_safeguards and not test_tune"
-               " and not test_benchmark and not test_exact_resume")  # fmt: skip
+    # runs here too. The tuners', the benchmarks' and exact resume's tests read none of these answers
+    # either: their options are their own.
+    skipped = ("(not test_distributed or fsdp2) and not test_safeguards and not test_tune and not test_benchmark"
+               " and not test_exact_resume")  # fmt: skip
     run_project_tests(render(tmp_path, **NON_DEFAULT), "-k", skipped)
 
 

@@ -1,5 +1,6 @@
 """Render the template under every valid mix of answers and check what comes out."""
 
+import itertools
 import os
 import re
 import subprocess
@@ -57,16 +58,14 @@ MODULES = [
     "run_folders",
     "sampling",
     "shapes",
-    "shard",
     "sharding",
     "sigterm",
     "smoke_test",
-    "streaming",
     "transforms",
     "tune",
     "tuned_config",
 ]
-DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development", "streaming"]
+DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development"]
 TESTS = [
     "conftest",
     "helper_callbacks",
@@ -96,7 +95,6 @@ TESTS = [
     "test_shapes",
     "test_sharding",
     "test_smoke_test",
-    "test_streaming",
     "test_transforms",
     "test_tune",
     "test_warnings",
@@ -168,6 +166,9 @@ def test_matrix_covers_every_valid_mix():
         "logger": {"wandb", "tensorboard", "csv"},
     }.items():
         assert {combo[option] for combo in MATRIX} == values
+    capabilities = list(CAPABILITY_FILES)
+    every_mix = set(itertools.product(["yes", "no"], repeat=len(capabilities)))
+    assert {tuple(combo[name] for name in capabilities) for combo in MATRIX} == every_mix
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,12 @@ full one (every capability on), as docs/development.md prints them."""
 import re
 from pathlib import Path
 
-from conftest import CAPABILITY_FILES, TEMPLATE, render
+from conftest import CAPABILITY_FILES, EVERY_CAPABILITY, TEMPLATE, render
 
 RENDERS = {
     "minimal": dict.fromkeys(CAPABILITY_FILES, "no"),
     "default": {},
-    "full": dict.fromkeys(CAPABILITY_FILES, "yes"),
+    "full": EVERY_CAPABILITY,
 }
 ROW = re.compile(r"^\| (minimal|default|full) \| (\d+) \| ([\d,]+) \| (\d+) \| ([\d,]+) \| (\d+) \|$", re.MULTILINE)
 

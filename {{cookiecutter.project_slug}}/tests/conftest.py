@@ -59,6 +59,23 @@ def tiny_shapes(tmp_path_factory) -> Path:
     return draw_shapes_dataset(root, images_per_class={"train": 12, "val": 4, "test": 4}, size=32)
 
 
+{%- if cookiecutter.streaming == "yes" %}
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory, tiny_shapes) -> Path:
+    """The tiny dataset sharded: 72 training, 24 validation and 24 test images in chunks."""
+    output = tmp_path_factory.mktemp("shards") / "shapes"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        shard(monkeypatch, tiny_shapes, output)
+    return output
+
+
+def shard(monkeypatch, images: Path, output: str | Path) -> None:
+    run_command(monkeypatch, "shard", str(images), str(output), "--workers=1")
+{%- endif %}
+
+
 @pytest.fixture(scope="session")
 def project_config() -> dict:
     """The configuration `fit` resolves from the project's own config files, with no options."""

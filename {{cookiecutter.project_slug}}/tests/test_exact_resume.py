@@ -1,9 +1,11 @@
 """Exact resume: a run stopped by SIGTERM mid-epoch and resumed ends with the weights and optimizer
 state, bit for bit, of the same run uninterrupted (on the CPU, with trainer.deterministic), in the
 settings users get by default (data workers, augmentation) and with the recipe's random parts
-(Mixup/CutMix, EMA, dropout), for both data formats."""
+(Mixup/CutMix, EMA, dropout){{ ", for both data formats" if cookiecutter.streaming == "yes" }}; and a preempted run that goes on at
+the next unseen image, which sees every image once an epoch across the two runs."""
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -14,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, command_env, on_data
+from conftest import ON_CPU, command_env, on_data, run_group
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from test_streaming import shards  # noqa: F401 (a fixture)
 
 from {{ cookiecutter.package_name }}.cli import build
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.images import read_rgb
 
 EMA = json.dumps({"class_path": "{{ cookiecutter.package_name }}.ema.ModelEMA", "init_args": {"decay": 0.9}})
 SIGTERM_AT_STEP_5 = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 5}})
@@ -35,6 +38,10 @@ RECIPES = {
         "--model.backbone=mobilenet_v3_small",
     ],
 }
+# The options that read each of the tiny dataset's fixtures (image folders are the default format).
+FORMAT_OF = {"tiny_shapes": []
+{%- if cookiecutter.streaming == "yes" %}, "shards": ["--data.format=streaming"]
+{%- endif %}}
 
 
 def logged_to(folder: str) -> list[str]:
@@ -66,19 +73,14 @@ def assert_same_training(one: dict, other: dict) -> None:
 
 
 @pytest.mark.parametrize(
-    ("data_format", "workers", "recipe"),
-    [("folder", 0, "default"), ("folder", 2, "strong"), ("streaming", 2, "default"), ("streaming", 0, "strong")],
+    ("dataset", "workers", "recipe"),
+    [("tiny_shapes", 0, "default"), ("tiny_shapes", 2, "strong")
+{%- if cookiecutter.streaming == "yes" %}, ("shards", 2, "default"), ("shards", 0, "strong")
+{%- endif %}],
 )
-def test_a_resumed_run_ends_as_the_uninterrupted_one(
-    in_project_copy,
-    tiny_shapes,
-    shards,  # noqa: F811 (the fixture imported above)
-    data_format,
-    workers,
-    recipe,
-):
-    data = [*on_data(shards if data_format == "streaming" else tiny_shapes), f"--data.format={data_format}",
-            f"--data.num_workers={workers}", *RECIPES[recipe]]  # fmt: skip
+def test_a_resumed_run_ends_as_the_uninterrupted_one(in_project_copy, request, dataset, workers, recipe):
+    data = [*on_data(request.getfixturevalue(dataset)), *FORMAT_OF[dataset], f"--data.num_workers={workers}",
+            *RECIPES[recipe]]  # fmt: skip
     fit(*data, *logged_to("whole"))
     fit(*data, *logged_to("parts"), f"--trainer.callbacks+={SIGTERM_AT_STEP_5}")
     (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
@@ -118,3 +120,66 @@ def test_sigterm_to_the_process_group_saves_within_seconds_and_resumes_exactly(i
     resumed = start_fit(groups, in_project_copy, *data, "--ckpt_path=auto")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-3000:]
     assert_same_training(last_checkpoint(in_project_copy / "whole"), last_checkpoint(in_project_copy / "runs"))
+
+
+def plain_images() -> list[str]:
+    """A training transform that changes no pixel, so a trained image can be matched to its file."""
+    return ["--data.augment=none", "--data.hflip=false", "--data.image_size=32"]
+
+
+def record(folder: Path) -> str:
+    callback = {"class_path": "helper_callbacks.RecordTrainedImages", "init_args": {"folder": str(folder)}}
+    return f"--trainer.callbacks+={json.dumps(callback)}"
+
+
+def seen_images(record_file: Path, epoch: int = 0) -> list[str]:
+    lines = [json.loads(line) for line in record_file.read_text().splitlines()]
+    return [line["image"] for line in lines if line["epoch"] == epoch]
+
+
+def fit_command(project: Path, *args: str, status: int = 0, env: dict | None = None):
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args, "--trainer.accelerator=cpu",
+               "--trainer.precision=32-true", *logged_to("runs")]  # fmt: skip
+    result = run_group(command, 300, cwd=project, env=env or command_env())
+    assert result.returncode == status, result.stderr[-4000:]
+    return result
+
+
+def fingerprint(source: str | bytes) -> str:
+    """What helper_callbacks.RecordTrainedImages writes for an image: the SHA-1 of its decoded pixels."""
+    return hashlib.sha1(read_rgb(source).numpy().tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("dataset", "workers"),
+    [("tiny_shapes", 2)
+{%- if cookiecutter.streaming == "yes" %}, ("shards", 0), ("shards", 2)
+{%- endif %}],
+)
+def test_a_preempted_run_resumes_at_the_next_unseen_image(in_project_copy, request, tiny_shapes, dataset, workers):
+    trained = in_project_copy / "trained"
+    two_processes = ["--config=configs/trainer/ddp.yaml", "--trainer.devices=2", "--trainer.max_epochs=2"]
+    data = [*on_data(request.getfixturevalue(dataset), batch_size=4), f"--data.num_workers={workers}"]
+    options = [*two_processes, *data, *FORMAT_OF[dataset], *plain_images(), record(trained)]
+    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 4}})
+    fit_command(in_project_copy, *options, f"--trainer.callbacks+={sigterm}", status=128 + signal.SIGTERM)
+    (last,) = in_project_copy.glob("runs/run/*/checkpoints/last.ckpt")
+    assert 4 <= torch.load(last, map_location="cpu", weights_only=True)["global_step"] < 9  # mid-epoch: 9 per epoch
+
+    fit_command(in_project_copy, *options, "--ckpt_path=auto")
+    files = {fingerprint(str(path)): path for path in (tiny_shapes / "train").glob("*/*.png")}
+    assert len(files) == 72, "two training images are alike: the fingerprints cannot tell them apart"
+    for epoch in (0, 1):
+        seen = [image for rank in (0, 1) for image in seen_images(trained / f"trained{rank}.jsonl", epoch)]
+        assert sorted(seen) == sorted(files), f"epoch {epoch}: not every training image exactly once"
+
+
+def test_a_resume_with_other_settings_starts_the_epoch_again_with_a_warning(tiny_shapes):
+    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=4)
+    data.setup("fit")
+    position = {"format": "folder", "epoch": 0, "batches": 3, "processes": 2, "batch_size": 4}
+    data.load_state_dict({"class_names": data.class_names, "epoch_position": position})
+    with pytest.warns(UserWarning, match=r"processes 2 -> 1\): it starts again"):
+        assert len(list(data.train_dataloader().sampler)) == 72
+    data.load_state_dict({"class_names": data.class_names, "epoch_position": position | {"processes": 1}})
+    assert len(list(data.train_dataloader().sampler)) == 72 - 3 * 4  # the images of 3 batches were trained on

@@ -1,10 +1,8 @@
 """Sharded streaming data (LitData): `shard`, training from the chunks on one and two processes and
-from an S3-compatible store, and a preempted run that resumes at the next unseen image."""
+from an S3-compatible store. Exact and preempted resumes of streaming runs: test_exact_resume.py."""
 
 import csv
-import hashlib
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -12,19 +10,15 @@ from pathlib import Path
 import litdata
 import pytest
 import torch
-from conftest import ON_CPU, command_env, refusal, run_command, run_group
+from conftest import ON_CPU, refusal, shard
 from test_distributed import by_hand, free_port
+from test_exact_resume import fit_command, logged_to, plain_images, record, seen_images
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import DataError, MissingError
-from {{ cookiecutter.package_name }}.images import read_rgb
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.streaming import MANIFEST
-
-TIMEOUT = 300
-CSV_LOGGER = ["--trainer.logger={{ cookiecutter.package_name }}.csv_logging.ResumableCSVLogger",
-              "--trainer.logger.save_dir=runs", "--trainer.logger.name=stream"]  # fmt: skip
 
 
 def streaming(location: str | Path, batch_size: int = 4, workers: int = 0) -> list[str]:
@@ -32,27 +26,9 @@ def streaming(location: str | Path, batch_size: int = 4, workers: int = 0) -> li
             f"--data.num_workers={workers}"]  # fmt: skip
 
 
-def shard(monkeypatch, images: Path, output: str | Path) -> None:
-    run_command(monkeypatch, "shard", str(images), str(output), "--workers=1")
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory, tiny_shapes) -> Path:
-    """The tiny dataset sharded: 72 training, 24 validation and 24 test images in chunks."""
-    output = tmp_path_factory.mktemp("shards") / "shapes"
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        shard(monkeypatch, tiny_shapes, output)
-    return output
-
-
 def stored(location: Path, split: str) -> list[dict]:
     dataset = litdata.StreamingDataset(str(location / split))
     return [dataset[i] for i in range(len(dataset))]
-
-
-def fingerprint(source: str | bytes) -> str:
-    """What helper_callbacks.RecordTrainedImages writes for an image: the SHA-1 of its decoded pixels."""
-    return hashlib.sha1(read_rgb(source).numpy().tobytes()).hexdigest()
 
 
 def test_shard_stores_each_file_as_it_is_with_its_label_and_path(shards, tiny_shapes):
@@ -88,7 +64,7 @@ def test_fit_streams_and_every_validation_image_counts_once(monkeypatch, in_proj
             "{{ cookiecutter.package_name }}",
             "fit",
             *ON_CPU,
-            *CSV_LOGGER,
+            *logged_to("runs"),
             *streaming(shards, batch_size=5, workers=2),
             "--data.image_size=32",
             "--trainer.max_epochs=1",
@@ -96,12 +72,12 @@ def test_fit_streams_and_every_validation_image_counts_once(monkeypatch, in_proj
     )
     main()
     logged = logged_metrics(in_project_copy)
-    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/stream/*/checkpoints/last.ckpt")))
+    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/run/*/checkpoints/last.ckpt")))
     assert_validation_by_hand(logged, model, tiny_shapes, 32)
 
 
 def logged_metrics(project: Path) -> dict[str, float]:
-    (metrics,) = (project / "runs" / "stream").glob("*/metrics.csv")
+    (metrics,) = (project / "runs" / "run").glob("*/metrics.csv")
     logged = {}
     for row in csv.DictReader(metrics.open()):
         logged |= {name: float(value) for name, value in row.items() if value and name.startswith("val/")}
@@ -131,65 +107,11 @@ def test_two_processes_split_the_stream_and_count_every_validation_image_once(mo
     fit_command(in_project_copy, "--config=configs/trainer/ddp.yaml", "--trainer.devices=2", "--trainer.max_epochs=1",
                 *streaming(tmp_path / "shards", batch_size=4), *plain_images(), record(trained))  # fmt: skip
     logged = logged_metrics(in_project_copy)
-    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/stream/*/checkpoints/last.ckpt")))
+    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/run/*/checkpoints/last.ckpt")))
     assert_validation_by_hand(logged, model, uneven, 32)
     # Training: each process its own share, no image twice.
     per_rank = [seen_images(trained / f"trained{rank}.jsonl") for rank in (0, 1)]
     assert per_rank[0] and per_rank[1] and not set(per_rank[0]) & set(per_rank[1])
-
-
-def plain_images() -> list[str]:
-    """A training transform that changes no pixel, so a trained image can be matched to its file."""
-    return ["--data.augment=none", "--data.hflip=false", "--data.image_size=32"]
-
-
-def record(folder: Path) -> str:
-    callback = {"class_path": "helper_callbacks.RecordTrainedImages", "init_args": {"folder": str(folder)}}
-    return f"--trainer.callbacks+={json.dumps(callback)}"
-
-
-def seen_images(record_file: Path, epoch: int = 0) -> list[str]:
-    lines = [json.loads(line) for line in record_file.read_text().splitlines()]
-    return [line["image"] for line in lines if line["epoch"] == epoch]
-
-
-def fit_command(project: Path, *args: str, status: int = 0, env: dict | None = None):
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *args, "--trainer.accelerator=cpu",
-               "--trainer.precision=32-true", *CSV_LOGGER]  # fmt: skip
-    result = run_group(command, TIMEOUT, cwd=project, env=env or command_env())
-    assert result.returncode == status, result.stderr[-4000:]
-    return result
-
-
-@pytest.mark.parametrize(("data_format", "workers"), [("streaming", 0), ("streaming", 2), ("folder", 2)])
-def test_a_preempted_run_resumes_at_the_next_unseen_image(in_project_copy, shards, tiny_shapes, data_format, workers):
-    trained = in_project_copy / "trained"
-    two_processes = ["--config=configs/trainer/ddp.yaml", "--trainer.devices=2", "--trainer.max_epochs=2"]
-    data = streaming(shards if data_format == "streaming" else tiny_shapes, batch_size=4, workers=workers)
-    data[0] = f"--data.format={data_format}"
-    options = [*two_processes, *data, "--data.synthetic=false", *plain_images(), record(trained)]
-    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 4}})
-    fit_command(in_project_copy, *options, f"--trainer.callbacks+={sigterm}", status=128 + signal.SIGTERM)
-    (last,) = in_project_copy.glob("runs/stream/*/checkpoints/last.ckpt")
-    assert 4 <= torch.load(last, map_location="cpu", weights_only=True)["global_step"] < 9  # mid-epoch: 9 per epoch
-
-    fit_command(in_project_copy, *options, "--ckpt_path=auto")
-    files = {fingerprint(str(path)): path for path in (tiny_shapes / "train").glob("*/*.png")}
-    assert len(files) == 72, "two training images are alike: the fingerprints cannot tell them apart"
-    for epoch in (0, 1):
-        seen = [image for rank in (0, 1) for image in seen_images(trained / f"trained{rank}.jsonl", epoch)]
-        assert sorted(seen) == sorted(files), f"epoch {epoch}: not every training image exactly once"
-
-
-def test_a_resume_with_other_settings_starts_the_epoch_again_with_a_warning(tiny_shapes):
-    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=4)
-    data.setup("fit")
-    position = {"format": "folder", "epoch": 0, "batches": 3, "processes": 2, "batch_size": 4}
-    data.load_state_dict({"class_names": data.class_names, "epoch_position": position})
-    with pytest.warns(UserWarning, match=r"processes 2 -> 1\): it starts again"):
-        assert len(list(data.train_dataloader().sampler)) == 72
-    data.load_state_dict({"class_names": data.class_names, "epoch_position": position | {"processes": 1}})
-    assert len(list(data.train_dataloader().sampler)) == 72 - 3 * 4  # the images of 3 batches were trained on
 
 
 def test_shard_prints_its_own_lines_only(monkeypatch, capsys, tiny_shapes, tmp_path):
@@ -248,11 +170,11 @@ def s3_bucket(monkeypatch) -> str:
 def test_shard_into_s3_and_train_streaming_from_it(monkeypatch, in_project_copy, tiny_shapes, s3_bucket, tmp_path):
     shard(monkeypatch, tiny_shapes, f"{s3_bucket}/shapes")
     cache = tmp_path / "cache"
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *ON_CPU, *CSV_LOGGER,
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *ON_CPU, *logged_to("runs"),
                                       *streaming(f"{s3_bucket}/shapes", batch_size=8), f"--data.cache_dir={cache}",
                                       "--trainer.max_epochs=1"])  # fmt: skip
     main()
-    assert list(in_project_copy.glob("runs/stream/*/checkpoints/last.ckpt"))
+    assert list(in_project_copy.glob("runs/run/*/checkpoints/last.ckpt"))
     assert list((cache / "train").glob("chunk-*.bin")) and list((cache / "val").glob("chunk-*.bin"))
 
 

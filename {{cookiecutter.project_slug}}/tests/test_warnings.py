@@ -53,7 +53,9 @@ def test_the_tools_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_
 {%- if cookiecutter.experiments == "yes" %}
         "sweep": (["sweep", "space.yaml", "--trials=1", "--pruner=none", *short], {0}),
 {%- endif %}
+{%- if cookiecutter.streaming == "yes" %}
         "shard": (["shard", str(tiny_shapes), "shards", "--workers=1"], {0}),
+{%- endif %}
     }
     for name, (args, statuses) in commands.items():
         done = run_group([*COMMAND, *args], 300, cwd=in_project_copy, env=command_env())

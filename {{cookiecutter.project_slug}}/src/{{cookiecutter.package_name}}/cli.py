@@ -80,7 +80,9 @@ TOOLS = {
 {%- if cookiecutter.serving == "yes" %}
     "serve": "serve",
 {%- endif %}
+{%- if cookiecutter.streaming == "yes" %}
     "shard": "shard",
+{%- endif %}
 {%- if cookiecutter.experiments == "yes" %}
     "sweep": "sweep",
 {%- endif %}

@@ -31,8 +31,11 @@ BUILT_IN_SHAPES = "data/shapes"
 
 
 class ImageDataModule(L.LightningDataModule):
-    """Images in class folders: `data_dir/<class>/*.jpg`, or `data_dir/{train,val,test}/<class>/*.jpg`;
-    or the same sharded into LitData's streaming chunks by the `shard` command (format "streaming").
+    """Images in class folders: `data_dir/<class>/*.jpg`, or `data_dir/{train,val,test}/<class>/*.jpg`
+{%- if cookiecutter.streaming == "yes" %};
+    or the same sharded into LitData's streaming chunks by the `shard` command (format "streaming",
+    which streaming.py's subclass reads)
+{%- endif %}.
 
     With one set of class folders (or `train/` without `val/`), a seeded split stratified by class
     holds out `val_fraction` of each class for validation. With `num_folds`, the training images (all
@@ -40,6 +43,7 @@ class ImageDataModule(L.LightningDataModule):
     is validated on{{ ": cross-validation (the `cv` command)" if cookiecutter.experiments == "yes" }}; a val/ folder is then left unused.
 
     Args:
+{%- if cookiecutter.streaming == "yes" %}
         data_dir: The image folder; with format "streaming", the folder or URL (s3://...) `shard` wrote.
         format: "folder" reads image files; "streaming" reads the chunks of `shard`, which pays off for
             hundreds of thousands of small files, on network file systems and in object storage, and
@@ -47,6 +51,9 @@ class ImageDataModule(L.LightningDataModule):
         cache_dir: Streaming from a URL: the local folder of downloaded chunks (node-local disk on a
             cluster). Unset: LitData's cache folder.
         max_cache_size: Streaming from a URL: the most disk the cache takes ("50GB").
+{%- else %}
+        data_dir: The image folder.
+{%- endif %}
         synthetic: Draw the built-in shapes dataset into data/shapes (the default data_dir) when it is
             not there yet. A data_dir elsewhere that does not exist is an error, never drawn into.
         batch_size: Images per device and step (the effective batch is this x devices x nodes x
@@ -93,12 +100,17 @@ class ImageDataModule(L.LightningDataModule):
             of yours that starts workers needs an `if __name__ == "__main__":` guard.
     """
 
+    data_format = "folder"  # what a checkpoint's position in an epoch is a position in
+    loader_class = DataLoader
+
     def __init__(
         self,
         data_dir: str | Path = BUILT_IN_SHAPES,
+{%- if cookiecutter.streaming == "yes" %}
         format: Literal["folder", "streaming"] = "folder",
         cache_dir: str | None = None,
         max_cache_size: str = "50GB",
+{%- endif %}
         synthetic: bool = False,
         batch_size: int = 64,
         num_workers: int | Literal["auto"] = "auto",
@@ -123,6 +135,14 @@ class ImageDataModule(L.LightningDataModule):
         worker_start_method: Literal["forkserver", "spawn", "fork"] = "forkserver",
     ) -> None:
         super().__init__()
+{%- if cookiecutter.streaming == "yes" %}
+        if format == "streaming":
+            from .streaming import StreamingDataModule  # LitData is an extra: imported only to stream
+
+            # This object becomes the subclass that reads the shards: one class, and so one set of
+            # options, for the CLI and the config files, whichever the format.
+            self.__class__ = StreamingDataModule
+{%- endif %}
         counts = {"batch_size": batch_size, "prefetch_factor": prefetch_factor}  # image_size: Preprocessing
         for name, value in counts.items():
             if value < 1:
@@ -139,62 +159,47 @@ class ImageDataModule(L.LightningDataModule):
             raise ConfigError(
                 f"data.num_folds must be 2 or more and data.fold from 0 to num_folds - 1, got {num_folds} and {fold}"
             )
-        if num_folds is not None and format == "streaming":
-            raise ConfigError("data.num_folds works with data.format folder: `shard` fixes the streaming splits.")
-        if format == "streaming" and balanced_sampling:
-            raise ConfigError("data.balanced_sampling works with data.format folder; streaming reads each image once.")
-        if synthetic and format == "folder" and not Path(data_dir).exists() and not is_built_in(data_dir):
-            raise MissingError(
-                f"Data folder {data_dir} does not exist: fix --data.data_dir. (data.synthetic draws the built-in "
-                f"shapes only into {BUILT_IN_SHAPES}, the default data_dir.)"
-            )
+        self.save_hyperparameters()
+        self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
+        self._check_source()
         # Listed here, before a logger or a trainer starts, so that too many folds end in one line;
         # setup splits this list rather than walking the folder again.
         self._fold_pool = None
         if num_folds is not None and Path(data_dir).is_dir():
             self._fold_pool = fold_pool(Path(data_dir), num_folds)
-        self.save_hyperparameters()
-        self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
         self.preprocessing = resolve_preprocessing(
             image_size, pretrained_backbone, crop_ratio=crop_ratio, interpolation=interpolation, mean=mean, std=std
         )
         self.data_dir = Path(data_dir)
         self.batch_size = batch_size
         self._class_names: list[str] | None = None
-        self._manifest: dict | None = None
         self._epoch_position: dict | None = None  # where a resumed run's interrupted epoch goes on
         self.train_set = self.val_set = self.test_set = None
+
+    def _check_source(self) -> None:
+        """Refuse, before a logger or a trainer starts, data options this format cannot read."""
+        data_dir = self.hparams.data_dir
+        if self.hparams.synthetic and not Path(data_dir).exists() and not is_built_in(data_dir):
+            raise MissingError(
+                f"Data folder {data_dir} does not exist: fix --data.data_dir. (data.synthetic draws the built-in "
+                f"shapes only into {BUILT_IN_SHAPES}, the default data_dir.)"
+            )
 
     @property
     def class_names(self) -> list[str]:
         if self._class_names is None:
-            if self.streaming:
-                self._class_names = self.manifest["classes"]
-            elif self.hparams.synthetic and not self.data_dir.exists():
+            if self.hparams.synthetic and not self.data_dir.exists():
                 self._class_names = list(shapes.CLASSES)
             else:
                 self._class_names = find_classes(train_folder(self.data_dir))
         return self._class_names
 
     @property
-    def streaming(self) -> bool:
-        return self.hparams.format == "streaming"
-
-    @property
-    def manifest(self) -> dict:
-        """The classes and splits of sharded data (streaming.py)."""
-        if self._manifest is None:
-            from .streaming import read_manifest  # LitData is an extra: imported only to stream
-
-            self._manifest = read_manifest(self.hparams.data_dir)
-        return self._manifest
-
-    @property
     def num_classes(self) -> int:
         return len(self.class_names)
 
     def prepare_data(self) -> None:
-        if self.hparams.synthetic and not self.streaming and not self.data_dir.exists():
+        if self.hparams.synthetic and not self.data_dir.exists():
             shapes.draw_shapes_dataset(self.data_dir)
             rank_zero_info(
                 f"Drew the built-in shapes dataset into {self.data_dir} ({len(shapes.CLASSES)} classes). To train on "
@@ -202,16 +207,12 @@ class ImageDataModule(L.LightningDataModule):
             )
 
     def setup(self, stage: str) -> None:
-        classes = self.class_names
-        if self.streaming:
-            self._setup_streaming()
-        else:
-            self._setup_folders(classes)
-        if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), classes)):
+        self._make_splits()
+        if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), self.class_names)):
             rank_zero_warn(warning)
 
-    def _setup_folders(self, classes: list[str]) -> None:
-        options = self.hparams
+    def _make_splits(self) -> None:
+        options, classes = self.hparams, self.class_names
         if options.num_folds is None:
             splits = split_samples(self.data_dir, classes, options.val_fraction, options.split_seed)
         else:
@@ -226,24 +227,8 @@ class ImageDataModule(L.LightningDataModule):
         if "test" in splits:
             self.test_set = ImageFiles(splits["test"], self.preprocessing.eval_transform(), skip)
 
-    def _setup_streaming(self) -> None:
-        from .streaming import ShardedImages
-
-        options = self.hparams
-
-        def split(name: str, transform: v2.Transform, shuffle: bool) -> ShardedImages:
-            return ShardedImages(options.data_dir, name, transform, options.bad_images == "skip", shuffle,
-                                 run_seed(), options.cache_dir, options.max_cache_size)  # fmt: skip
-
-        self.train_set = split("train", self._train_transform(), shuffle=True)
-        self.val_set = split("val", self.preprocessing.eval_transform(), shuffle=False)
-        if "test" in self.manifest["splits"]:
-            self.test_set = split("test", self.preprocessing.eval_transform(), shuffle=False)
-
     def train_class_counts(self) -> list[int]:
         """The training images of each class, in label order."""
-        if self.streaming:
-            return self.manifest["splits"]["train"]["class_counts"]
         return torch.bincount(torch.tensor(self._train_labels()), minlength=self.num_classes).tolist()
 
     def _train_labels(self) -> list[int]:
@@ -260,19 +245,14 @@ class ImageDataModule(L.LightningDataModule):
             options.random_erasing,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def _drop_last(self, images: int) -> bool:
         # A last batch of one image breaks BatchNorm, and a short one skews its statistics; but each
         # process sees only its share of the images, which must still fill a batch.
         world_size = self.trainer.world_size if self.trainer is not None else 1
-        per_process = (sum(self.train_class_counts()) if self.streaming else len(self.train_set)) // world_size
-        position, self._epoch_position = self._epoch_position, None
-        if self.streaming:  # LitData shuffles by the seed and epoch, and gives each process its share
-            loader = self._loader(self.train_set, drop_last=per_process > self.batch_size)
-            if position is not None:
-                from .streaming import resume_position
+        return images // world_size > self.batch_size
 
-                resume_position(loader, position["loader"])
-            return loader
+    def train_dataloader(self) -> DataLoader:
+        position, self._epoch_position = self._epoch_position, None
         shards = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
         seed = run_seed()
         if self.hparams.balanced_sampling:
@@ -288,20 +268,21 @@ class ImageDataModule(L.LightningDataModule):
                 rank_zero_warn(epoch_restarts(changed))
             else:
                 sampler.resume_at(position["epoch"], position["batches"] * self.batch_size)
-        return self._loader(self.train_set, sampler=sampler, drop_last=per_process > self.batch_size)
+        return self._loader(self.train_set, sampler=sampler, drop_last=self._drop_last(len(self.train_set)))
 
     def val_dataloader(self) -> DataLoader:
         return self._evaluation_loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:
         if self.test_set is None:
-            where = "to the image folder and shard it again" if self.streaming else f"at {self.data_dir / 'test'}"
-            raise MissingError(f"No test split: add test/ with one folder per class {where}.")
+            raise MissingError(f"No test split: add test/ with one folder per class {self._where_test_goes}.")
         return self._evaluation_loader(self.test_set)
 
+    @property
+    def _where_test_goes(self) -> str:
+        return f"at {self.data_dir / 'test'}"
+
     def _evaluation_loader(self, dataset: Dataset) -> DataLoader:
-        if self.streaming:  # LitData splits the images between processes: see _evaluation_sampler for why
-            return self._loader(dataset, drop_last=self.trainer is not None and shards_weights(self.trainer.strategy))
         return self._loader(dataset, sampler=self._evaluation_sampler(dataset))
 
     def _evaluation_sampler(self, dataset: Dataset) -> Sampler | None:
@@ -309,8 +290,10 @@ class ImageDataModule(L.LightningDataModule):
         shards to equal length with repeated images, which then count twice in the metrics. Shards
         a batch apart are safe under DDP, whose evaluation forward needs no other process; sharded
         strategies (FSDP, DeepSpeed) gather weights in every forward, so every process must run the
-        same number of batches there, and Lightning's padding stays (streaming drops the few images
-        that would make one process's share longer than another's)."""
+        same number of batches there, and Lightning's padding stays
+{%- if cookiecutter.streaming == "yes" %} (streaming drops the few images
+        that would make one process's share longer than another's)
+{%- endif %}."""
         shards = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
         if not shards or shards["num_replicas"] == 1 or shards_weights(self.trainer.strategy):
             return None
@@ -342,18 +325,13 @@ class ImageDataModule(L.LightningDataModule):
 
     def _position_in_epoch(self) -> dict | None:
         """Where a checkpoint interrupts an epoch, for the resumed run to go on from the next unseen
-        image (none at an epoch's end: the next one starts afresh). Streaming: the loader's state,
-        which Lightning saves too but loads only when nothing asked for the training loader before
-        the checkpoint was read, and the learning-rate schedule has (estimated_stepping_batches).
-        Folders: the epoch and its batches done, which the sampler skips."""
+        image (none at an epoch's end: the next one starts afresh): the epoch and its batches done,
+        which the sampler skips."""
         trainer = self.trainer
-        if trainer is None or not trainer.training or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+        if not interrupts_an_epoch(trainer):
             return None
-        if self.streaming:
-            loader = trainer.train_dataloader
-            return {"format": "streaming", "loader": loader.state_dict()} if hasattr(loader, "state_dict") else None
         batches = trainer.fit_loop.epoch_loop.batch_progress.current.completed
-        return {"format": "folder", "epoch": trainer.current_epoch, "batches": batches,
+        return {"format": self.data_format, "epoch": trainer.current_epoch, "batches": batches,
                 "processes": trainer.world_size, "batch_size": self.batch_size}  # fmt: skip
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -365,7 +343,7 @@ class ImageDataModule(L.LightningDataModule):
         # The weights were trained on images prepared one way: evaluating or resuming them on
         # images prepared another way would be measuring or training something else.
         position = state_dict.get("epoch_position")
-        self._epoch_position = position if position and position["format"] == self.hparams.format else None
+        self._epoch_position = position if position and position["format"] == self.data_format else None
         trained = saved_preprocessing(state_dict, self.preprocessing.image_size)
         if trained != self.preprocessing:
             rank_zero_info(
@@ -383,10 +361,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset, drop_last: bool = False, sampler: Sampler | None = None) -> DataLoader:
         workers = self.worker_count()
-        if self.streaming:
-            from .streaming import StreamingLoader
-
-        return (StreamingLoader if self.streaming else DataLoader)(
+        return self.loader_class(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
@@ -419,6 +394,11 @@ class ImageDataModule(L.LightningDataModule):
         if self.trainer is not None:
             return isinstance(self.trainer.accelerator, CUDAAccelerator)
         return torch.cuda.is_available()
+
+
+def interrupts_an_epoch(trainer: L.Trainer | None) -> bool:
+    """Whether a checkpoint saved now falls inside a training epoch."""
+    return trainer is not None and trainer.training and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
 
 def is_built_in(data_dir: str | Path) -> bool:

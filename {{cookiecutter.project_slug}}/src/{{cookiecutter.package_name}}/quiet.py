@@ -10,8 +10,10 @@ SILENCED_WARNINGS = [
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     # Mixed precision keeps float32 weights: the 32-bit size the summary falls back to is the true one.
     r"Precision (bf16|16)-mixed is not supported by the model summary",
+{%- if cookiecutter.streaming == "yes" %}
     # Streaming data: LitData gives each data worker its own share, so the length is right.
     r"Your `IterableDataset` has `__len__` defined",
+{%- endif %}
     # A mid-epoch checkpoint: the data module resumes the epoch's data itself (data.py, EpochSampler).
     r"your dataloader is not resumable",
 ]
@@ -21,7 +23,9 @@ def silence_dependency_noise() -> None:
     for message in SILENCED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(drop_advertising)
+{%- if cookiecutter.streaming == "yes" %}
     logging.getLogger("litdata.streaming.dataset").addFilter(drop_uneven_shares_notice)
+{%- endif %}
     logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").addFilter(drop_weights_only_notice)
 
 
@@ -30,12 +34,14 @@ def drop_advertising(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("💡 Tip")
 
 
+{% if cookiecutter.streaming == "yes" -%}
 def drop_uneven_shares_notice(record: logging.LogRecord) -> bool:
     # LitData's notice that evaluation shares differ between processes, which is how every image counts
-    # once; under FSDP and DeepSpeed, whose forward needs every process, they are evened out (data.py).
+    # once; under FSDP and DeepSpeed, whose forward needs every process, they are evened out (streaming.py).
     return "have disabled the `drop_last` option" not in record.getMessage()
 
 
+{% endif -%}
 def drop_weights_only_notice(record: logging.LogRecord) -> bool:
     # Lightning's learning-rate finder (tune) saves its scratch checkpoint without saying what it keeps;
     # the checkpoints of a run are written whole.
