@@ -85,7 +85,8 @@ def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_p
 @pytest.mark.parametrize(
     ("answers", "installed"),
     [({"timm": "no"}, "pip pip install ."), ({"timm": "no", "python_version": "3.13"}, "uv uv pip install ."),
-     ({}, 'pip pip install ".[timm]"'), ({"serving": "yes"}, 'pip pip install ".[serve,timm]"')],
+     ({}, 'pip pip install ".[timm]"'), ({"serving": "yes"}, 'pip pip install ".[serve,timm]"'),
+     ({"serving": "yes", "streaming": "yes"}, 'pip pip install ".[serve,timm,streaming]"')],
 )  # fmt: skip
 def test_the_image_installs_the_extras_the_answers_need(tmp_path, answers, installed):
     runs = [arguments for kind, arguments in instructions(render(tmp_path, **answers)) if kind == "RUN"]

@@ -3,6 +3,7 @@ from an S3-compatible store. Exact and preempted resumes of streaming runs: test
 
 import csv
 import json
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from test_distributed import by_hand, free_port
 from test_exact_resume import fit_command, logged_to, plain_images, record, seen_images
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.data import ImageDataModule, checkpoint_preprocessing
 from {{ cookiecutter.package_name }}.errors import DataError, MissingError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.streaming import MANIFEST
@@ -67,13 +68,22 @@ def test_fit_streams_and_every_validation_image_counts_once(monkeypatch, in_proj
             *logged_to("runs"),
             *streaming(shards, batch_size=5, workers=2),
             "--data.image_size=32",
+            "--data.crop_ratio=0.875",
             "--trainer.max_epochs=1",
         ],
     )
     main()
     logged = logged_metrics(in_project_copy)
-    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/run/*/checkpoints/last.ckpt")))
-    assert_validation_by_hand(logged, model, tiny_shapes, 32)
+    last = next(in_project_copy.glob("runs/run/*/checkpoints/last.ckpt"))
+    assert_validation_by_hand(logged, ImageClassifier.load_from_checkpoint(last), tiny_shapes, 32, crop_ratio=0.875)
+    # What classify and export read: the streaming subclass's state too.
+    assert checkpoint_preprocessing(torch.load(last, weights_only=True)).crop_ratio == 0.875
+
+
+def test_a_streaming_data_module_pickles(shards):
+    # ddp_spawn pickles the trainer, and the data module with it.
+    data = ImageDataModule(shards, format="streaming", num_workers=0)
+    assert type(pickle.loads(pickle.dumps(data))) is type(data) is not ImageDataModule
 
 
 def logged_metrics(project: Path) -> dict[str, float]:
@@ -84,8 +94,10 @@ def logged_metrics(project: Path) -> dict[str, float]:
     return logged
 
 
-def assert_validation_by_hand(logged: dict[str, float], model: ImageClassifier, images: Path, size: int) -> None:
-    folders = ImageDataModule(images, num_workers=0, batch_size=1000, image_size=size)
+def assert_validation_by_hand(
+    logged: dict[str, float], model: ImageClassifier, images: Path, size: int, **preprocessing: float
+) -> None:
+    folders = ImageDataModule(images, num_workers=0, batch_size=1000, image_size=size, **preprocessing)
     folders.setup("validate")
     batch, labels = folders.on_after_batch_transfer(next(iter(folders.val_dataloader())), 0)
     with torch.no_grad():

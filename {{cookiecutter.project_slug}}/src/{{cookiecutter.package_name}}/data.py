@@ -449,7 +449,10 @@ def saved_preprocessing(state: dict, image_size: int) -> Preprocessing:
 def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
     """The preprocessing a checkpoint's weights were trained with (for classify, export{{ ", serving" if cookiecutter.serving == "yes" }})."""
     image_size = checkpoint.get("datamodule_hyper_parameters", {}).get("image_size", {{ cookiecutter.image_size }})
-    return saved_preprocessing(checkpoint.get(ImageDataModule.__qualname__, {}), image_size)
+    # The data module's state, which Lightning files under the module's class name, and so under
+    # another one for a subclass ({{ "streaming.py's, or yours" if cookiecutter.streaming == "yes" else "yours" }}).
+    states = [value for value in checkpoint.values() if isinstance(value, dict) and "preprocessing" in value]
+    return saved_preprocessing(states[0] if states else {}, image_size)
 
 
 def train_folder(data_dir: Path) -> Path:

@@ -24,8 +24,10 @@ from .errors import ConfigError, DataError, MissingError
 from .run_folders import finished, last_checkpoints
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
-HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method", "data.cache_dir",
-                "data.max_cache_size")  # fmt: skip
+HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method"
+{%- if cookiecutter.streaming == "yes" %}, "data.cache_dir",
+                "data.max_cache_size"
+{%- endif %})  # fmt: skip
 # Options that the CLI links from others (add_arguments_to_parser): compared through those.
 LINKED = ("model.batch_size", "model.num_classes", "model.class_names", "data.pretrained_backbone")
 # What lets a resume change the other data and model options.

@@ -238,7 +238,6 @@ class StreamingDataModule(ImageDataModule):
     the sharded dataset at data_dir. LitData shuffles by the seed and the epoch, and gives each
     process and worker its share (no sampler)."""
 
-    __qualname__ = ImageDataModule.__qualname__  # Lightning files the data's state in checkpoints by this name
     data_format = "streaming"
     loader_class = StreamingLoader
 
@@ -261,7 +260,7 @@ class StreamingDataModule(ImageDataModule):
         """Sharded data is made by `shard`, never drawn here."""
 
     def _make_splits(self) -> None:
-        options = self.hparams
+        options, splits = self.hparams, self.manifest["splits"]  # the manifest first: a missing one is named
 
         def split(name: str, transform: v2.Transform, shuffle: bool) -> ShardedImages:
             return ShardedImages(options.data_dir, name, transform, options.bad_images == "skip", shuffle,
@@ -269,7 +268,7 @@ class StreamingDataModule(ImageDataModule):
 
         self.train_set = split("train", self._train_transform(), shuffle=True)
         self.val_set = split("val", self.preprocessing.eval_transform(), shuffle=False)
-        if "test" in self.manifest["splits"]:
+        if "test" in splits:
             self.test_set = split("test", self.preprocessing.eval_transform(), shuffle=False)
 
     def train_class_counts(self) -> list[int]:
