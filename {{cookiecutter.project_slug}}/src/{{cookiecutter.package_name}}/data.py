@@ -34,7 +34,7 @@ class ImageDataModule(L.LightningDataModule):
     """Images in class folders: `data_dir/<class>/*.jpg`, or `data_dir/{train,val,test}/<class>/*.jpg`
 {%- if cookiecutter.streaming == "yes" %};
     or the same sharded into LitData's streaming chunks by the `shard` command (format "streaming",
-    which streaming.py's subclass reads)
+    which StreamingDataModule below reads)
 {%- endif %}.
 
     With one set of class folders (or `train/` without `val/`), a seeded split stratified by class
@@ -137,8 +137,6 @@ class ImageDataModule(L.LightningDataModule):
         super().__init__()
 {%- if cookiecutter.streaming == "yes" %}
         if format == "streaming":
-            from .streaming import StreamingDataModule  # LitData is an extra: imported only to stream
-
             # This object becomes the subclass that reads the shards: one class, and so one set of
             # options, for the CLI and the config files, whichever the format.
             self.__class__ = StreamingDataModule
@@ -396,6 +394,84 @@ class ImageDataModule(L.LightningDataModule):
         return torch.cuda.is_available()
 
 
+{% if cookiecutter.streaming == "yes" -%}
+class StreamingDataModule(ImageDataModule):
+    """What ImageDataModule becomes for data.format streaming: the splits, classes and loaders of the
+    sharded dataset at data_dir (streaming.py, imported only here: LitData is an extra). LitData
+    shuffles by the seed and the epoch, and gives each process and worker its share (no sampler)."""
+
+    data_format = "streaming"
+
+    @property
+    def loader_class(self) -> type[DataLoader]:
+        from .streaming import StreamingLoader
+
+        return StreamingLoader
+
+    def _check_source(self) -> None:
+        if self.hparams.num_folds is not None:
+            raise ConfigError("data.num_folds works with data.format folder: `shard` fixes the streaming splits.")
+        if self.hparams.balanced_sampling:
+            raise ConfigError("data.balanced_sampling works with data.format folder; streaming reads each image once.")
+
+    @functools.cached_property
+    def manifest(self) -> dict:
+        """The classes and splits of the sharded dataset."""
+        from .streaming import read_manifest
+
+        return read_manifest(self.hparams.data_dir)
+
+    @property
+    def class_names(self) -> list[str]:
+        return self.manifest["classes"]
+
+    def prepare_data(self) -> None:
+        """Sharded data is made by `shard`, never drawn here."""
+
+    def _make_splits(self) -> None:
+        from .streaming import ShardedImages
+
+        options, splits = self.hparams, self.manifest["splits"]  # the manifest first: a missing one is named
+
+        def split(name: str, transform: v2.Transform, shuffle: bool) -> ShardedImages:
+            return ShardedImages(options.data_dir, name, transform, options.bad_images == "skip", shuffle,
+                                 run_seed(), options.cache_dir, options.max_cache_size)  # fmt: skip
+
+        self.train_set = split("train", self._train_transform(), shuffle=True)
+        self.val_set = split("val", self.preprocessing.eval_transform(), shuffle=False)
+        if "test" in splits:
+            self.test_set = split("test", self.preprocessing.eval_transform(), shuffle=False)
+
+    def train_class_counts(self) -> list[int]:
+        return self.manifest["splits"]["train"]["class_counts"]
+
+    def train_dataloader(self) -> DataLoader:
+        from .streaming import resume_position
+
+        position, self._epoch_position = self._epoch_position, None
+        loader = self._loader(self.train_set, drop_last=self._drop_last(sum(self.train_class_counts())))
+        if position is not None:
+            resume_position(loader, position["loader"])
+        return loader
+
+    @property
+    def _where_test_goes(self) -> str:
+        return "to the image folder and shard it again"
+
+    def _evaluation_loader(self, dataset: Dataset) -> DataLoader:
+        # LitData splits the images between processes: see ImageDataModule._evaluation_sampler for why
+        # sharded strategies drop the few that would make one process's share longer.
+        return self._loader(dataset, drop_last=self.trainer is not None and shards_weights(self.trainer.strategy))
+
+    def _position_in_epoch(self) -> dict | None:
+        """The loader's state where a checkpoint interrupts an epoch. Lightning saves it too but loads
+        it only when nothing asked for the training loader before the checkpoint was read, and the
+        learning-rate schedule has (estimated_stepping_batches)."""
+        loader = self.trainer.train_dataloader if interrupts_an_epoch(self.trainer) else None
+        return {"format": self.data_format, "loader": loader.state_dict()} if hasattr(loader, "state_dict") else None
+
+
+{% endif -%}
 def interrupts_an_epoch(trainer: L.Trainer | None) -> bool:
     """Whether a checkpoint saved now falls inside a training epoch."""
     return trainer is not None and trainer.training and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch

@@ -6,7 +6,6 @@ is read through a local cache of chunks, which LitData fills ahead of training a
 """
 
 import contextlib
-import functools
 import io
 import json
 import os
@@ -18,14 +17,11 @@ from urllib.parse import urlparse
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from .data import ImageDataModule, interrupts_an_epoch
 from .errors import ConfigError, MissingError
 from .images import labelled_image
-from .sampling import changed_settings, draw_seed, epoch_restarts, run_seed, seeded_draws
-from .sharding import shards_weights
+from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
 
 try:  # the `streaming` extra
     from litdata import StreamingDataLoader, StreamingDataset, optimize
@@ -231,68 +227,3 @@ def resume_position(loader: StreamingLoader, position: dict) -> None:
         rank_zero_warn(epoch_restarts(changed))
         return
     loader.load_state_dict(position)
-
-
-class StreamingDataModule(ImageDataModule):
-    """ImageDataModule for data.format streaming, which it makes: the splits, classes and loaders of
-    the sharded dataset at data_dir. LitData shuffles by the seed and the epoch, and gives each
-    process and worker its share (no sampler)."""
-
-    data_format = "streaming"
-    loader_class = StreamingLoader
-
-    def _check_source(self) -> None:
-        if self.hparams.num_folds is not None:
-            raise ConfigError("data.num_folds works with data.format folder: `shard` fixes the streaming splits.")
-        if self.hparams.balanced_sampling:
-            raise ConfigError("data.balanced_sampling works with data.format folder; streaming reads each image once.")
-
-    @functools.cached_property
-    def manifest(self) -> dict:
-        """The classes and splits of the sharded dataset."""
-        return read_manifest(self.hparams.data_dir)
-
-    @property
-    def class_names(self) -> list[str]:
-        return self.manifest["classes"]
-
-    def prepare_data(self) -> None:
-        """Sharded data is made by `shard`, never drawn here."""
-
-    def _make_splits(self) -> None:
-        options, splits = self.hparams, self.manifest["splits"]  # the manifest first: a missing one is named
-
-        def split(name: str, transform: v2.Transform, shuffle: bool) -> ShardedImages:
-            return ShardedImages(options.data_dir, name, transform, options.bad_images == "skip", shuffle,
-                                 run_seed(), options.cache_dir, options.max_cache_size)  # fmt: skip
-
-        self.train_set = split("train", self._train_transform(), shuffle=True)
-        self.val_set = split("val", self.preprocessing.eval_transform(), shuffle=False)
-        if "test" in splits:
-            self.test_set = split("test", self.preprocessing.eval_transform(), shuffle=False)
-
-    def train_class_counts(self) -> list[int]:
-        return self.manifest["splits"]["train"]["class_counts"]
-
-    def train_dataloader(self) -> StreamingLoader:
-        position, self._epoch_position = self._epoch_position, None
-        loader = self._loader(self.train_set, drop_last=self._drop_last(sum(self.train_class_counts())))
-        if position is not None:
-            resume_position(loader, position["loader"])
-        return loader
-
-    @property
-    def _where_test_goes(self) -> str:
-        return "to the image folder and shard it again"
-
-    def _evaluation_loader(self, dataset: Dataset) -> StreamingLoader:
-        # LitData splits the images between processes: see ImageDataModule._evaluation_sampler for why
-        # sharded strategies drop the few that would make one process's share longer.
-        return self._loader(dataset, drop_last=self.trainer is not None and shards_weights(self.trainer.strategy))
-
-    def _position_in_epoch(self) -> dict | None:
-        """The loader's state where a checkpoint interrupts an epoch. Lightning saves it too but loads
-        it only when nothing asked for the training loader before the checkpoint was read, and the
-        learning-rate schedule has (estimated_stepping_batches)."""
-        loader = self.trainer.train_dataloader if interrupts_an_epoch(self.trainer) else None
-        return {"format": self.data_format, "loader": loader.state_dict()} if hasattr(loader, "state_dict") else None
