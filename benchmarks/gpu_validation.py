@@ -202,11 +202,11 @@ class Validation:
     # --- the project and its data ---
 
     def project(self) -> Path:
-        """The project the parts train: accelerator=gpu, CSV logs, no environment of its own (rendered
-        once per machine, with the carried cookiecutter)."""
+        """The project the parts train: accelerator=gpu, CSV logs, `tune` and `benchmark` (part 4 runs the
+        latter), no environment of its own (rendered once per machine, with the carried cookiecutter)."""
         project = self.work / "project" / "image-classifier"
         if not project.is_dir():
-            render_project(project.parent, "accelerator=gpu", env=self.env())
+            render_project(project.parent, "accelerator=gpu", "tuning=yes", env=self.env())
         return project
 
     def images(self, name: str, per_class: int, copies: int, side: int, suffix: str) -> list[str]:

@@ -58,7 +58,7 @@ def main() -> None:
         return
 
     with tempfile.TemporaryDirectory() as scratch:
-        src = render_project(Path(scratch) / "project", "streaming=yes")
+        src = render_project(Path(scratch) / "project", "streaming=yes", "tuning=yes")
         env = os.environ | {"PYTHONPATH": str(src)}
         images, shards = Path(scratch) / "jpegs", Path(scratch) / "shards"
         sys.path.insert(0, str(src))

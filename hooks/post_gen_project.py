@@ -1,6 +1,5 @@
-"""After rendering: remove the files of what the answers leave out, start git, then hand over to the
-project's scripts/make_env.py, which users rerun: environment, smoke test, next steps. Standard library
-only (it runs under cookiecutter's Python); never a non-zero exit, on which cookiecutter deletes the project."""
+"""After rendering: remove what the answers leave out, start git, then run the project's scripts/make_env.py
+(environment, smoke test, next steps). Standard library only; never a non-zero exit (cookiecutter deletes on one)."""
 
 from __future__ import annotations  # cookiecutter may run under a Python older than the project's
 
@@ -13,36 +12,38 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Every answer as cookiecutter holds it, with its private keys (_output_dir; cruft's _commit).
 ANSWERS = json.loads(r"""{{ cookiecutter | jsonify }}""")
 PACKAGE, SETUP_ENV = ANSWERS["package_name"], ANSWERS["setup_env"]
-# cruft sets _commit and not _output_dir; cookiecutter sets _output_dir and not _commit.
+# Every answer, with the private keys: cruft sets _commit and not _output_dir; cookiecutter the reverse.
 RENDERED_BY_CRUFT = "_commit" in ANSWERS and "_output_dir" not in ANSWERS
 # "1" runs the environment and smoke-test steps even in CI or without a terminal; "0" never runs them.
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
 MAKE_ENV = str(Path("scripts") / "make_env.py")  # the project's own, which users rerun
 LOG = Path("runs") / "smoke-test" / "setup.log"
-# A feature's own files, removed whole when the answers leave it out, by (question, the answer that
-# keeps them): its modules in src/<package>/, its tests in tests/, and other files.
+# A feature's own files by (question, the answer that keeps them): modules in src/<package>/, tests in
+# tests/, others; removed whole when the answers leave it out, but a file two features share stays while either is kept.
 FILES_OF = {
     ("logger", "wandb"): (["wandb_logging"], ["test_wandb_logging"], ["docs/wandb.md"]),
     ("accelerator", "mps"): ([], [], ["configs/trainer/mps.yaml"]),
     ("serving", "yes"): (["serve", "image_requests"], ["test_serve"], ["docs/serving.md"]),
     ("experiments", "yes"): (
-        ["sweep", "crossval", "search_space", "experiment_runs"],
+        ["sweep", "crossval", "search_space", "experiment_runs", "tuned_config"],
         ["test_sweep", "test_crossval", "test_parallel_experiments"],
         ["docs/experiments.md", "configs/sweep.yaml", "scripts/sweep.sbatch"],
     ),
+    ("tuning", "yes"): (["tune", "benchmark", "tuned_config"], ["test_tune", "test_benchmark"], ["docs/tuning.md"]),
     ("timm", "yes"): (["timm_backbones"], ["test_timm"], []),
     ("streaming", "yes"): (["streaming", "shard"], ["test_streaming"], ["docs/streaming.md"]),
 }
 
 
 def remove_unchosen_features() -> None:
+    kept, unchosen = set(), set()
     for (question, keeping_answer), (modules, tests, others) in FILES_OF.items():
-        if ANSWERS[question] != keeping_answer:
-            for path in [f"src/{PACKAGE}/{m}.py" for m in modules] + [f"tests/{t}.py" for t in tests] + others:
-                Path(path).unlink()
+        paths = {f"src/{PACKAGE}/{m}.py" for m in modules} | {f"tests/{t}.py" for t in tests} | set(others)
+        (kept if ANSWERS[question] == keeping_answer else unchosen).update(paths)
+    for path in unchosen - kept:
+        Path(path).unlink()
 
 
 def main() -> None:
@@ -78,9 +79,8 @@ def skip_reason() -> str | None:
 
 def in_temporary_folder() -> bool:
     """cruft update and cruft diff render the template into tempfile.TemporaryDirectory() folders."""
-    parent = Path.cwd().parent
-    in_tmp = parent.parent == Path(tempfile.gettempdir()).resolve()
-    return in_tmp and re.fullmatch(r"tmp[a-z0-9_]{8}", parent.name) is not None
+    outer = Path.cwd().parent
+    return outer.parent == Path(tempfile.gettempdir()).resolve() and bool(re.fullmatch(r"tmp[a-z0-9_]{8}", outer.name))
 
 
 def start_git() -> None:

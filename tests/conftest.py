@@ -58,6 +58,8 @@ CAPABILITY_MARKS = {
     r"experiment_runs|experiments\.md|sweep\.(yaml|sbatch)|sweeps/|^cv/|{package} (sweep|cv|repeat)\b|gpus-per-trial",
     "timm": r"timm|[Hh]ugging ?[Ff]ace|HF_HOME|pretrained_cfg|drop_path",
     "streaming": r"litdata|LitData|streaming|`shard\b|\"shard\"|{package} shard\b|moto|data\.format",
+    "tuning": r"`(tune|benchmark)\b|\"(tune|benchmark)\"|{package} (tune|benchmark)\b|\.(tune|benchmark) import|"
+    r"tuning\.md|lr_find|make benchmark|weights_only. was not set",
 }
 
 
@@ -92,6 +94,10 @@ def is_valid(answers: dict[str, str]) -> bool:
     return not hardware_rules.problems(hardware_rules.from_answers(answers))
 
 
+def yes_no(letters: str) -> list[str]:
+    return ["yes" if letter == "y" else "no" for letter in letters]
+
+
 def answer_matrix() -> list[dict[str, str]]:
     """Every valid mix of the options that interact, cycling the options that don't."""
     interacting = itertools.product(
@@ -110,12 +116,13 @@ def answer_matrix() -> list[dict[str, str]]:
         "python_version": ["3.11", "3.10", "3.12", "3.13"],
         "project_name": ["Image Classifier", "Défect Spotter 2", "leaf_disease", "X-Ray Triage.v2"],
         "devices": ["1", "2", "auto", "8"],
-        # Periods of 2, 7, 11 and 13, prime to each other, to the loggers' run of 3 and the backbones'
+        # Periods of 2, 7, 11, 13 and 17, prime to each other, to the loggers' run of 3 and the backbones'
         # of 5: every combination of the capabilities occurs, each on and off with every logger and backbone.
-        "serving": ["yes", "no"],
-        "experiments": ["yes", "no", "yes", "yes", "no", "yes", "no"],
-        "timm": ["yes", "no", "yes", "yes", "no", "yes", "no", "yes", "yes", "no", "yes"],
-        "streaming": ["no", "yes", "no", "no", "yes", "no", "yes", "no", "no", "yes", "no", "yes", "no"],
+        "serving": yes_no("yn"),
+        "experiments": yes_no("nyynnyy"),
+        "tuning": yes_no("nynynyyynnynnnnyn"),
+        "timm": yes_no("nnynnyyynny"),
+        "streaming": yes_no("yyynnnyyynynn"),
     }
     for index, combo in enumerate(combos):
         for key, values in independent.items():

@@ -21,6 +21,7 @@ NON_DEFAULT = {
     "experiments": "no",
     "timm": "no",
     "streaming": "no",
+    "tuning": "no",
 }
 
 
@@ -51,10 +52,8 @@ def test_the_full_project_passes_its_own_tests(full_project):
 def test_non_default_project_passes_its_own_tests(tmp_path):
     # Every capability off. The multi-process tests set their own logger and hardware, which these
     # answers do not change (the full project runs them); FSDP2's sharding follows the backbone, so it
-    # runs here too. The tuners', the benchmarks' and exact resume's tests read none of these answers
-    # either: their options are their own.
-    skipped = ("(not test_distributed or fsdp2) and not test_safeguards and not test_tune and not test_benchmark"
-               " and not test_exact_resume")  # fmt: skip
+    # runs here too. Exact resume's tests read none of these answers either: their options are their own.
+    skipped = "(not test_distributed or fsdp2) and not test_safeguards and not test_exact_resume"
     run_project_tests(render(tmp_path, **NON_DEFAULT), "-k", skipped)
 
 

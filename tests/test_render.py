@@ -29,7 +29,6 @@ MODULES = [
     "__main__",
     "backbone",
     "batch_mixing",
-    "benchmark",
     "callbacks",
     "checkpoint_io",
     "classify",
@@ -62,14 +61,11 @@ MODULES = [
     "sigterm",
     "smoke_test",
     "transforms",
-    "tune",
-    "tuned_config",
 ]
 DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development"]
 TESTS = [
     "conftest",
     "helper_callbacks",
-    "test_benchmark",
     "test_classify",
     "test_cli",
     "test_data",
@@ -96,7 +92,6 @@ TESTS = [
     "test_sharding",
     "test_smoke_test",
     "test_transforms",
-    "test_tune",
     "test_warnings",
 ]
 
@@ -244,8 +239,8 @@ def readme_configs(project) -> set[str]:
     """The config files the README and docs/ name."""
     text = "".join(path.read_text() for path in [project / "README.md", *sorted((project / "docs").glob("*.md"))])
     named = set(re.findall(r"configs/[\w/.-]+\.yaml", text))
-    # tuned.yaml is written by `benchmark data`; sweep.yaml is a search space, not a fit config: both
-    # are tested in the project.
+    # tuned.yaml is written by `benchmark data`, `tune` and `sweep`; sweep.yaml is a search space, not a
+    # fit config: both are tested in the project.
     return named - {"configs/tuned.yaml", "configs/sweep.yaml"}
 
 

@@ -15,8 +15,13 @@ TEXT = {path.name: path.read_text() for path in DOCS}
 COMMAND = re.compile(r"python -m {{ cookiecutter.package_name }} (\w+)((?: [^\s`#|]+)*)")
 # The parser's own options, which no config holds.
 PARSER_OPTIONS = {"config", "print_config", "help"}
-# Files the commands write: `tune` and `benchmark data` write configs/tuned.yaml.
+{%- if cookiecutter.tuning == "yes" or cookiecutter.experiments == "yes" %}
+# Files the commands write, which a new project lacks: configs/tuned.yaml, the measured or searched options.
 WRITTEN = {"configs/tuned.yaml"}
+{%- else %}
+# Files the commands write, which a new project lacks.
+WRITTEN: set[str] = set()
+{%- endif %}
 
 
 def named_commands() -> dict[str, set[str]]:

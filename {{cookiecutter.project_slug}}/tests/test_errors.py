@@ -58,11 +58,6 @@ def test_a_yaml_syntax_error_names_the_file_and_line(monkeypatch, capsys, in_pro
     assert message.startswith("error: mine.yaml line 4, column 1 is not valid YAML:")
 
 
-def test_the_tools_take_options_whole_too(monkeypatch, capsys, in_project_copy, tiny_shapes):
-    message = refusal(monkeypatch, capsys, "tune", "lr", *ON_CPU, "--model.backbon=resnet18")
-    assert "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone" in message
-
-
 def test_checkpoint_paths_are_checked_before_anything_reads_them(tmp_path):
     check_checkpoint("s3://bucket/run/last.ckpt")  # remote: Lightning reads it through fsspec
     check_checkpoint("best")

@@ -16,8 +16,8 @@ from test_distributed import by_hand, free_port
 from test_exact_resume import fit_command, logged_to, plain_images, record, seen_images
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.data import ImageDataModule, checkpoint_preprocessing
-from {{ cookiecutter.package_name }}.errors import DataError, MissingError
+from {{ cookiecutter.package_name }}.data import ImageDataModule, StreamingDataModule, checkpoint_preprocessing
+from {{ cookiecutter.package_name }}.errors import ConfigError, DataError, MissingError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.streaming import MANIFEST
 
@@ -84,6 +84,19 @@ def test_a_streaming_data_module_pickles(shards):
     # ddp_spawn pickles the trainer, and the data module with it.
     data = ImageDataModule(shards, format="streaming", num_workers=0)
     assert type(pickle.loads(pickle.dumps(data))) is type(data) is not ImageDataModule
+
+
+def test_a_subclass_streams_only_as_a_subclass_of_the_streaming_module(shards):
+    class MyFolders(ImageDataModule):
+        pass
+
+    class MyShards(StreamingDataModule):
+        pass
+
+    with pytest.raises(ConfigError, match="MyFolders reads image folders: for --data.format streaming, subclass"):
+        MyFolders(str(shards), format="streaming")
+    assert type(MyShards(str(shards), format="streaming")) is MyShards
+    assert type(ImageDataModule(str(shards), format="streaming")) is StreamingDataModule
 
 
 def logged_metrics(project: Path) -> dict[str, float]:

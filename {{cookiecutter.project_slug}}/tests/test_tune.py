@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ON_CPU, run_command
+from conftest import ON_CPU, refusal, run_command
 
 from {{ cookiecutter.package_name }} import tune
 from {{ cookiecutter.package_name }}.cli import main
@@ -131,3 +131,8 @@ def test_tuned_settings_add_up_in_one_config_that_fit_reads(monkeypatch, capsys,
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["lr"] == settings["model"]["lr"]
     assert printed["data"]["batch_size"] == settings["data"]["batch_size"]
+
+
+def test_tune_takes_options_whole_as_fit_does(monkeypatch, capsys, in_project_copy):
+    message = refusal(monkeypatch, capsys, "tune", "lr", *ON_CPU, "--model.backbon=resnet18")
+    assert "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone" in message

@@ -42,14 +42,22 @@ def test_a_short_fit_and_its_evaluation_print_no_stray_warning_and_end_at_once(i
 
 
 def test_the_tools_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes):
+{%- if cookiecutter.tuning == "yes" or cookiecutter.experiments == "yes" %}
     short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
              "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
              "--trainer.log_every_n_steps=1"]  # fmt: skip
+{%- endif %}
+    trainer = "".join(f"  {option.removeprefix('--trainer.').replace('=', ': ')}\n" for option in ON_CPU)
+    (in_project_copy / "cpu.yaml").write_text(f"trainer:\n{trainer}data:\n  data_dir: {tiny_shapes}\n")
 {%- if cookiecutter.experiments == "yes" %}
     (in_project_copy / "space.yaml").write_text("model.lr: {low: 1e-4, high: 1.0e-2, log: true}\n")
 {%- endif %}
-    commands = {  # tune writes nothing after a range test this short, and says so with status 1
+    commands = {
+        "doctor": (["doctor", "--config=cpu.yaml"], {0}),
+{%- if cookiecutter.tuning == "yes" %}
+        # tune writes nothing after a range test this short, and says so with status 1
         "tune": (["tune", "lr", "--steps=5", "--epochs=1", *short], {0, 1}),
+{%- endif %}
 {%- if cookiecutter.experiments == "yes" %}
         "sweep": (["sweep", "space.yaml", "--trials=1", "--pruner=none", *short], {0}),
 {%- endif %}
@@ -62,5 +70,7 @@ def test_the_tools_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_
         assert done.returncode in statuses, done.stdout[-2000:] + done.stderr[-3000:]
         assert warnings_in(done.stdout + done.stderr) == [], f"{name}: a warning not on the allow-list"
         assert done.silent_seconds < EXIT_SECONDS, f"{name} ran {done.silent_seconds:.1f} s after its last line"
+{%- if cookiecutter.tuning == "yes" %}
         if name == "tune" and done.returncode == 1:  # one range test, and no training after it
             assert len(re.findall(r"^Learning rate \S+ = ", done.stdout + done.stderr, re.MULTILINE)) == 1
+{%- endif %}

@@ -65,7 +65,9 @@ GIVEN: list[str] = []
 # whose main(argv) -> int runs it (or module:function). Imported only when its command runs, so
 # `fit` loads none of them.
 TOOLS = {
+{%- if cookiecutter.tuning == "yes" %}
     "benchmark": "benchmark",
+{%- endif %}
     "classify": "classify",
     "consolidate": "consolidate",
 {%- if cookiecutter.experiments == "yes" %}
@@ -86,7 +88,9 @@ TOOLS = {
 {%- if cookiecutter.experiments == "yes" %}
     "sweep": "sweep",
 {%- endif %}
+{%- if cookiecutter.tuning == "yes" %}
     "tune": "tune",
+{%- endif %}
 }
 
 

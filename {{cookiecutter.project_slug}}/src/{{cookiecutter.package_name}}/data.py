@@ -136,7 +136,10 @@ class ImageDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
 {%- if cookiecutter.streaming == "yes" %}
-        if format == "streaming":
+        if format == "streaming" and not isinstance(self, StreamingDataModule):
+            if type(self) is not ImageDataModule:  # becoming StreamingDataModule would drop its overrides
+                raise ConfigError(f"{type(self).__name__} reads image folders: for --data.format streaming, subclass "
+                                  "StreamingDataModule instead")  # fmt: skip
             # This object becomes the subclass that reads the shards: one class, and so one set of
             # options, for the CLI and the config files, whichever the format.
             self.__class__ = StreamingDataModule

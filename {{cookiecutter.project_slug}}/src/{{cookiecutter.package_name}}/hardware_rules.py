@@ -181,7 +181,7 @@ def fastest_precision(settings: Settings, machine: Machine) -> tuple[str, str]:
     accurate. On a CPU that computes it (AVX-512 BF16, AMX), autocast was still measured slower than
     float32 (resnet18 at 32 px: 0.82x on a 2-core Xeon with AMX), so a run that lands on the CPU
     without asking for it (accelerator auto) trains in float32; one put there on purpose
-    (accelerator cpu) keeps its bf16-mixed, for the CPUs where `benchmark train --precision all` shows it faster.
+    (accelerator cpu) keeps its bf16-mixed, for the CPUs where it is measured faster.
     """
     if target(settings, machine) != "cpu" or not settings.precision.startswith("bf16"):
         return settings.precision, ""
@@ -190,7 +190,7 @@ def fastest_precision(settings: Settings, machine: Machine) -> tuple[str, str]:
     if settings.precision == "bf16-mixed" and settings.accelerator != "cpu":
         return "32-true", (
             "bfloat16 autocast on a CPU is measured slower than float32 (resnet18: 0.82x on a Xeon with AMX); "
-            "`benchmark train --precision all` compares them here, and --trainer.accelerator cpu keeps bf16-mixed"
+            "--trainer.accelerator cpu keeps bf16-mixed"
         )
     return settings.precision, ""
 

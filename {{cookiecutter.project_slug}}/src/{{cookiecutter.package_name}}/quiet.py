@@ -26,23 +26,27 @@ def silence_dependency_noise() -> None:
 {%- if cookiecutter.streaming == "yes" %}
     logging.getLogger("litdata.streaming.dataset").addFilter(drop_uneven_shares_notice)
 {%- endif %}
+{%- if cookiecutter.tuning == "yes" %}
     logging.getLogger("lightning.pytorch.trainer.connectors.checkpoint_connector").addFilter(drop_weights_only_notice)
+{%- endif %}
 
 
 def drop_advertising(record: logging.LogRecord) -> bool:
     # Lightning recommends its cloud logger at every start when none is in use.
     return not record.getMessage().startswith("💡 Tip")
+{%- if cookiecutter.streaming == "yes" %}
 
 
-{% if cookiecutter.streaming == "yes" -%}
 def drop_uneven_shares_notice(record: logging.LogRecord) -> bool:
     # LitData's notice that evaluation shares differ between processes, which is how every image counts
     # once; under FSDP and DeepSpeed, whose forward needs every process, they are evened out (streaming.py).
     return "have disabled the `drop_last` option" not in record.getMessage()
+{%- endif %}
+{%- if cookiecutter.tuning == "yes" %}
 
 
-{% endif -%}
 def drop_weights_only_notice(record: logging.LogRecord) -> bool:
     # Lightning's learning-rate finder (tune) saves its scratch checkpoint without saying what it keeps;
     # the checkpoints of a run are written whole.
     return "`weights_only` was not set" not in record.getMessage()
+{%- endif %}

@@ -1,4 +1,4 @@
-"""configs/tuned.yaml: what `tune`{{ ", `benchmark` and `sweep`" if cookiecutter.experiments == "yes" else " and `benchmark`" }} found on this machine, one option at a time."""
+"""configs/tuned.yaml: the options measured or searched on this machine, written one at a time."""
 
 import platform
 from datetime import date
