@@ -52,6 +52,8 @@ PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 # cookiecutter.json's stand-in slug for a project_name that slugifies to nothing: an empty slug would
 # make the output folder itself the project and fail with "directory already exists".
 NO_SLUG = "-"
+# The generated code keeps its lines within ruff's 120 characters with an import name up to this long.
+LONGEST_PACKAGE = 30
 
 
 def is_timm_model(name: str) -> bool:
@@ -127,6 +129,15 @@ def problems(answers: dict[str, str]) -> list[str]:
         found.append(
             f"package_name {package!r} shadows the {'standard library' if package in STDLIB else 'dependency'} "
             f"module of that name: pick another (e.g. package_name={package}_classifier)."
+        )
+    elif len(package) > LONGEST_PACKAGE:
+        words = package.split("_")
+        heads = ("_".join(words[:count]) for count in range(len(words) - 1, 0, -1))
+        shorter = next((head for head in heads if len(head) <= LONGEST_PACKAGE), package[:LONGEST_PACKAGE])
+        found.append(
+            f"package_name {package!r} is {len(package)} characters long, and the generated code's lines fit "
+            f"ruff's limit with at most {LONGEST_PACKAGE}: give a shorter one, the project's folder may keep its "
+            f"name (e.g. package_name={shorter})."
         )
     if answers["python_version"] not in PYTHON_VERSIONS:
         found.append(

@@ -23,6 +23,7 @@ REFUSED = [
     ({"package_name": "wandb"}, "shadows the dependency"),
     ({"package_name": "test"}, "shadows the dependency"),
     ({"package_name": "json"}, "shadows the standard library"),
+    ({"project_name": "Hyperspectral Crop Disease Classifier"}, "is 37 characters long, and the generated code"),
     ({"project_name": "!!!"}, "project_name '!!!' has no letters or digits to make a folder name from"),
     ({"backbone": "ResNet-18"}, "backbone 'ResNet-18' is not a torchvision classification model (nor timm/<model>)"),
     ({"backbone": "not_a_model"}, "backbone 'not_a_model' is not a torchvision classification model"),

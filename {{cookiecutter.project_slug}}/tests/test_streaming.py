@@ -11,9 +11,9 @@ from pathlib import Path
 import litdata
 import pytest
 import torch
-from conftest import ON_CPU, refusal, shard
+from conftest import ON_CPU, on_data, refusal, shard
 from test_distributed import by_hand, free_port
-from test_exact_resume import fit_command, logged_to, plain_images, record, seen_images
+from test_exact_resume import FORMAT_OF, fit_command, logged_to, plain_images, record, seen_images
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule, StreamingDataModule, checkpoint_preprocessing
@@ -23,8 +23,7 @@ from {{ cookiecutter.package_name }}.streaming import MANIFEST
 
 
 def streaming(location: str | Path, batch_size: int = 4, workers: int = 0) -> list[str]:
-    return ["--data.format=streaming", f"--data.data_dir={location}", f"--data.batch_size={batch_size}",
-            f"--data.num_workers={workers}"]  # fmt: skip
+    return [*on_data(location, batch_size), *FORMAT_OF["shards"], f"--data.num_workers={workers}"]
 
 
 def stored(location: Path, split: str) -> list[dict]:

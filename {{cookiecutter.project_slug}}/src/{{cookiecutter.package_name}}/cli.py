@@ -236,7 +236,7 @@ class ClassifierCLI(LightningCLI):
             raise DataError(
                 f"{error.folder} has no class folders, and predict runs a checkpoint over a dataset laid out in "
                 f"them (its test/ or validation images). For a folder of unlabelled images: "
-                f"python -m {{ cookiecutter.package_name }} classify {error.folder} --checkpoint <file.ckpt>"
+                f"python -m {__package__} classify {error.folder} --checkpoint <file.ckpt>"
             ) from error
 
     def instantiate_trainer(self, **kwargs) -> Trainer:

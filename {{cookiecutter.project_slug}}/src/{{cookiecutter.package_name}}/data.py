@@ -557,15 +557,20 @@ def train_folder(data_dir: Path) -> Path:
 def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split_seed: int) -> dict[str, list]:
     """The (path, label) pairs of each split: train and val, and test when there is a test/ folder.
     Without val/, a seeded split stratified by class holds out `val_fraction` of the training images."""
-    train_dir, val_dir, test_dir = train_folder(data_dir), data_dir / "val", data_dir / "test"
+    train_dir, val_dir = train_folder(data_dir), data_dir / "val"
     if val_dir.is_dir():
         splits = {"train": find_images(train_dir, classes), "val": find_images(val_dir, classes)}
     else:
         samples = find_images(train_dir, classes)
         train, val = stratified_split([label for _, label in samples], val_fraction, split_seed)
         splits = {"train": [samples[i] for i in train], "val": [samples[i] for i in val]}
-    if test_dir.is_dir():
-        splits["test"] = find_images(test_dir, classes)
+    return with_test_split(splits, data_dir, classes)
+
+
+def with_test_split(splits: dict[str, list], data_dir: Path, classes: list[str]) -> dict[str, list]:
+    """`splits` and, when there is a test/ folder, its images as the test split, whatever split the rest."""
+    if (data_dir / "test").is_dir():
+        splits["test"] = find_images(data_dir / "test", classes)
     return splits
 
 
@@ -596,9 +601,7 @@ def fold_samples(
         "train": [sample for sample, k in zip(samples, folds, strict=True) if k != fold],
         "val": [sample for sample, k in zip(samples, folds, strict=True) if k == fold],
     }
-    if (data_dir / "test").is_dir():
-        splits["test"] = find_images(data_dir / "test", classes)
-    return splits
+    return with_test_split(splits, data_dir, classes)
 
 
 class TooFewClassesError(DataError):

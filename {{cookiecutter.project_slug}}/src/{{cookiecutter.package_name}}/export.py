@@ -1,4 +1,4 @@
-"""`python -m {{ cookiecutter.package_name }} export CHECKPOINT --format onnx|pt2`: a model to serve without this project.
+"""`python -m {{ cookiecutter.package_name }} export CHECKPOINT --format onnx|pt2`: a model to serve without this code.
 
 The exported model takes a batch of uint8 RGB images, N x 3 x S x S (S: the training image size,
 printed), resized and cropped as its metadata says, and returns class probabilities; scaling and
@@ -78,7 +78,7 @@ def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Pa
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{__package__} export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a single-file checkpoint")
     parser.add_argument("--format", choices=["onnx", "pt2"], default="onnx")
     parser.add_argument("--output", type=Path, help="default: the checkpoint's name with .onnx or .pt2")

@@ -1,4 +1,4 @@
-"""`python -m {{ cookiecutter.package_name }} serve [--model CKPT_OR_ONNX]`: an HTTP server of the model's top classes (LitServe).
+"""`python -m {{ cookiecutter.package_name }} serve [--model CKPT_OR_ONNX]`: the top classes over HTTP (LitServe).
 
 POST one image to http://HOST:PORT/predict: as the body (Content-Type image/jpeg, image/png, ... or
 application/octet-stream), as a multipart upload named "image", or as JSON {"image": "<base64>"}.
@@ -211,7 +211,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} serve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{__package__} serve", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a checkpoint or an .onnx export (default: the newest run's best)")
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")
     parser.add_argument("--host", default="127.0.0.1", choices=HOSTS, help="0.0.0.0 to be reached from other machines")

@@ -1,4 +1,4 @@
-"""`python -m {{ cookiecutter.package_name }} tune lr|batch_size [CLI options]`: Lightning's finders, kept in a config file.
+"""`python -m {{ cookiecutter.package_name }} tune lr|batch_size [CLI options]`: Lightning's finders, kept in a config.
 
 lr: the learning-rate range test (Tuner.lr_find) over two decades either side of the current rate,
     its curve drawn to runs/tune/lr_find.png; its suggestion is then trained for a few epochs
@@ -6,7 +6,8 @@ lr: the learning-rate range test (Tuner.lr_find) over two decades either side of
 batch_size: the largest batch that fits in the GPU's memory (Tuner.scale_batch_size, doubling),
     up to a batch that still leaves each process 8 steps per epoch.
 Results go into configs/tuned.yaml, beside what `benchmark data` wrote there; train with it:
-`python -m {{ cookiecutter.package_name }} fit --config configs/tuned.yaml`. The command exits with 1 when it writes nothing.
+`python -m {{ cookiecutter.package_name }} fit --config configs/tuned.yaml`. The command exits with 1 when it writes
+nothing.
 """
 
 import argparse
@@ -106,7 +107,7 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
         how += f", then a val/loss of {loss:.4f} after {epochs} epochs against {loss_now:.4f} at {now:.3g}"
     update_tuned_config("model.lr", lr, how)
     print(f"Learning rate: model.lr {lr:.3g} at base batch {model.hparams.base_batch_size}, {where}; curve: {LR_CURVE}")
-    print(f"Written to {TUNED_CONFIG}: python -m {{ cookiecutter.package_name }} fit --config {TUNED_CONFIG}")
+    print(f"Written to {TUNED_CONFIG}: python -m {__package__} fit --config {TUNED_CONFIG}")
     return 0
 
 
@@ -135,7 +136,7 @@ def find_batch_size(cli, max_trials: int) -> int:
     if isinstance(trainer.accelerator, CPUAccelerator):
         print(
             "tune batch_size looks for the largest batch that fits in a GPU's memory; on the CPU there is no "
-            "such limit to find. Pick data.batch_size by speed: python -m {{ cookiecutter.package_name }} benchmark train"
+            f"such limit to find. Pick data.batch_size by speed: python -m {__package__} benchmark train"
         )
         return 1
     data.setup("fit")
@@ -174,7 +175,7 @@ def find_batch_size(cli, max_trials: int) -> int:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="{{ cookiecutter.package_name }} tune", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{__package__} tune", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["lr", "batch_size"])
     parser.add_argument("--steps", type=int, default=200, help="lr: steps of the range test (%(default)s)")
     parser.add_argument(
