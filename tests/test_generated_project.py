@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import python_with_test_packages, render, run_bounded
+from conftest import CAPABILITY_FILES, EVERY_CAPABILITY, python_with_test_packages, render, run_bounded
 
 NON_DEFAULT = {
     "project_name": "Défect Spotter",
@@ -37,7 +37,7 @@ def run_project_tests(project: Path, *pytest_args: str) -> None:
     assert re.search(r"\d+ passed", result.stdout)
     # Each test's checkpoints are gone once it passes: a whole run once left over 20 GB on the disk.
     left = {folder.name: sum(file.stat().st_size for file in folder.rglob("*") if file.is_file())
-            for folder in temp.iterdir()}  # fmt: skip
+            for folder in temp.glob("*")}  # fmt: skip
     assert sum(left.values()) < 20 * 2**20, f"the passing tests left these many bytes: {left}"
 
 
@@ -55,6 +55,14 @@ def test_non_default_project_passes_its_own_tests(tmp_path):
     # runs here too. Exact resume's tests read none of these answers either: their options are their own.
     skipped = "(not test_distributed or fsdp2) and not test_safeguards and not test_exact_resume"
     run_project_tests(render(tmp_path, **NON_DEFAULT), "-k", skipped)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("left_out", list(CAPABILITY_FILES))
+def test_a_project_without_one_capability_documents_only_what_it_holds(tmp_path, left_out):
+    # The others on: every command, option, link and file its docs name is checked against this render
+    # (the full and the all-off renders run their whole suites above; test_render lints every mix).
+    run_project_tests(render(tmp_path, logger="csv", **(EVERY_CAPABILITY | {left_out: "no"})), "tests/test_docs.py")
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Render the template under every valid mix of answers and check what comes out."""
 
+import ast
 import itertools
 import os
 import re
@@ -147,6 +148,32 @@ def chosen_preset(answers: dict[str, str]) -> str:
     return accelerator
 
 
+def references_to_absent_modules(project, package: str) -> set[str]:
+    """Imports of the project's own modules and tests, and dotted names of its modules (class paths in
+    configs, docs), that the render does not hold: what a capability left out may leave behind."""
+    source, tests = project / "src" / package, project / "tests"
+    known = {f"{package}.{path.stem}" for path in source.glob("*.py")} | {path.stem for path in tests.glob("*.py")}
+    absent = set()
+    for path in [*source.glob("*.py"), *tests.glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level == 1 or node.module == package:  # from .x import y, from . import x, from <package> import x
+                named = {node.module} if node.level and node.module else {alias.name for alias in node.names}
+                imported = {f"{package}.{name}" for name in named}
+            elif re.fullmatch(rf"{package}\.\w+.*|conftest|test_\w+|helper_\w+", node.module or ""):
+                imported = {".".join(node.module.split(".")[:2])}
+            else:
+                continue
+            absent |= {f"{path.name} imports {name}" for name in imported - known}
+    for name in rendered_files(project) - {".cookiecutter.json"}:
+        # A module's dotted name is followed by what it holds (pkg.data.ImageDataModule, pkg.cli:main).
+        for module in re.findall(rf"(?<![\w./-]){package}\.\w+(?=[.:][A-Za-z_])", (project / name).read_text()):
+            if module not in known:
+                absent.add(f"{name} names {module}")
+    return absent
+
+
 def rendered_files(project) -> set[str]:
     skip = {"__pycache__", ".git"}
     return {str(p.relative_to(project)) for p in project.rglob("*") if p.is_file() and not skip & set(p.parts)}
@@ -187,6 +214,8 @@ def test_render(tmp_path, answers):
         # answers file, .cookiecutter.json, is a name the README gives.
         unrendered = r"(?<!\$)\{\{|\{%|\{#|(?<!\.)cookiecutter(?!\.json)"
         assert not re.search(unrendered, text), f"unrendered template text in {name}"
+
+    assert references_to_absent_modules(project, package) == set()
 
     for name in rendered_files(project):
         if name.endswith((".yaml", ".yml")):
