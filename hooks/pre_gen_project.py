@@ -133,7 +133,8 @@ def problems(answers: dict[str, str]) -> list[str]:
     elif len(package) > LONGEST_PACKAGE:
         words = package.split("_")
         heads = ("_".join(words[:count]) for count in range(len(words) - 1, 0, -1))
-        shorter = next((head for head in heads if len(head) <= LONGEST_PACKAGE), package[:LONGEST_PACKAGE])
+        usable = (head for head in heads if head not in TAKEN_NAMES | STDLIB and not keyword.iskeyword(head))
+        shorter = next((head for head in usable if len(head) <= LONGEST_PACKAGE), package[:LONGEST_PACKAGE])
         found.append(
             f"package_name {package!r} is {len(package)} characters long, and the generated code's lines fit "
             f"ruff's limit with at most {LONGEST_PACKAGE}: give a shorter one, the project's folder may keep its "

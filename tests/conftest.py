@@ -59,7 +59,7 @@ CAPABILITY_MARKS = {
     "timm": r"timm|[Hh]ugging ?[Ff]ace|HF_HOME|pretrained_cfg|drop_path",
     "streaming": r"litdata|LitData|streaming|`shard\b|\"shard\"|{package} shard\b|moto|data\.format",
     "tuning": r"`(tune|benchmark)\b|\"(tune|benchmark)\"|{package} (tune|benchmark)\b|\.(tune|benchmark) import|"
-    r"tuning\.md|lr_find|make benchmark|weights_only. was not set",
+    r"tuning\.md|lr_find|make benchmark|resume benchmark|weights_only. was not set",
 }
 
 

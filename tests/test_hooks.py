@@ -24,6 +24,7 @@ REFUSED = [
     ({"package_name": "test"}, "shadows the dependency"),
     ({"package_name": "json"}, "shadows the standard library"),
     ({"project_name": "Hyperspectral Crop Disease Classifier"}, "is 37 characters long, and the generated code"),
+    ({"package_name": "torch_" + "a" * 30}, "(e.g. package_name=torch_aaaaaaaaaaaaaaaaaaaaaaaa)"),  # not torch itself
     ({"project_name": "!!!"}, "project_name '!!!' has no letters or digits to make a folder name from"),
     ({"backbone": "ResNet-18"}, "backbone 'ResNet-18' is not a torchvision classification model (nor timm/<model>)"),
     ({"backbone": "not_a_model"}, "backbone 'not_a_model' is not a torchvision classification model"),

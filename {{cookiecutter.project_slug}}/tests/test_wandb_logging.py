@@ -58,7 +58,7 @@ def test_each_run_keeps_its_own_config(monkeypatch, in_project_copy, tiny_shapes
         monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *argv])
         main()
         wandb.finish()  # what the end of a process does between two real runs
-    configs = list((in_project_copy / "runs" / "{{ cookiecutter.project_slug }}").glob("*/config.yaml"))
+    configs = list((in_project_copy / "runs").glob("*/*/config.yaml"))  # runs/<project>/<run>/
     assert len(configs) == 2
     assert len(list((in_project_copy / "runs" / "wandb").glob("offline-run-*"))) == 2
 
@@ -84,7 +84,7 @@ def test_log_model_keeps_the_best_checkpoint_for_wandb_sync(monkeypatch, in_proj
     main()
     wandb.finish()
 
-    (checkpoints,) = (in_project_copy / "runs" / "{{ cookiecutter.project_slug }}").glob("*/checkpoints")
+    (checkpoints,) = (in_project_copy / "runs").glob("*/*/checkpoints")
     (best,) = checkpoints.glob("epoch*.ckpt")
     staged = [path for path in (tmp_path / "wandb-data" / "artifacts" / "staging").iterdir() if path.is_file()]
     assert [digest(path) for path in staged] == [digest(best)], "the best checkpoint alone, not last.ckpt"

@@ -61,7 +61,7 @@ def benchmark_data(cli_args: list[str], batches: int, counts: list[int] | None) 
             break
     update_tuned_config("data.num_workers", best, f"benchmark data, {speeds[best]:.0f} images/s per device")
     print(f"Best: num_workers {best} ({speeds[best]:.0f} images/s). Written to {TUNED_CONFIG}:")
-    print(f"  python -m {__package__} fit --config {TUNED_CONFIG}")
+    print(f"  python -m {__spec__.parent} fit --config {TUNED_CONFIG}")
 
 
 class StepTimer(L.Callback):
@@ -173,7 +173,7 @@ def worker_counts(text: str) -> list[int]:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__package__} benchmark", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} benchmark", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["data", "train"])
     parser.add_argument("--batches", type=int, default=30, help="data: batches timed per worker count")
     parser.add_argument(

@@ -54,7 +54,7 @@ def classify(predictor: Predictor, paths: list[Path], batch_size: int, top_k: in
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__package__} classify", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} classify", description=__doc__.splitlines()[0])
     parser.add_argument("images", type=Path, nargs="+", help="image files or folders")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint file (default: the newest run's best)")
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")

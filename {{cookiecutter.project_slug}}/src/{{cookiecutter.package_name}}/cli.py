@@ -236,7 +236,7 @@ class ClassifierCLI(LightningCLI):
             raise DataError(
                 f"{error.folder} has no class folders, and predict runs a checkpoint over a dataset laid out in "
                 f"them (its test/ or validation images). For a folder of unlabelled images: "
-                f"python -m {__package__} classify {error.folder} --checkpoint <file.ckpt>"
+                f"python -m {__spec__.parent} classify {error.folder} --checkpoint <file.ckpt>"
             ) from error
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -337,7 +337,7 @@ def run_command(command: list[str], args: list[str] | None) -> None:
     GIVEN[:] = command  # for the messages of parse errors, which see no arguments
     if command[:1] and command[0] in TOOLS:
         module, _, function = TOOLS[command[0]].partition(":")
-        sys.exit(getattr(importlib.import_module(f".{module}", __package__), function or "main")(command[1:]))
+        sys.exit(getattr(importlib.import_module(f".{module}", __spec__.parent), function or "main")(command[1:]))
     defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())

@@ -37,7 +37,7 @@ def consolidate(folder: Path, output: Path) -> None:
 
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog=f"{__package__} consolidate", description=__doc__.splitlines()[0].split(": ", 1)[1]
+        prog=f"{__spec__.parent} consolidate", description=__doc__.splitlines()[0].split(": ", 1)[1]
     )
     parser.add_argument("checkpoint", type=Path, help="a checkpoint folder, such as .../checkpoints/last.ckpt")
     parser.add_argument("output", type=Path, help="the single checkpoint file to write")

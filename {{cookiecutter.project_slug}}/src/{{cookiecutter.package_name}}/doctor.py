@@ -113,7 +113,7 @@ def wandb_check() -> Check:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__package__} doctor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", type=Path, default=[],
                         help="config files over the CLI's own, as fit takes them")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the machine and the checks as JSON")

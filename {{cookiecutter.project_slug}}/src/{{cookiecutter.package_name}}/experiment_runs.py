@@ -80,7 +80,7 @@ def run_per_gpu(command: str, args: list[str], gpus: list[str]) -> int:
         raise ConfigError(
             "--gpus-per-trial 1 runs one copy per GPU, and none is visible: leave it out to run on the CPU."
         )
-    module = [sys.executable, "-m", __package__, command, *args]
+    module = [sys.executable, "-m", __spec__.parent, command, *args]
     copies = [
         subprocess.Popen(
             module, env=os.environ | {"CUDA_VISIBLE_DEVICES": gpu, WORKER_VARIABLE: f"{index}/{len(gpus)}"}

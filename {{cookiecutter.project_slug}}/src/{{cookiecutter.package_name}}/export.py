@@ -78,7 +78,7 @@ def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Pa
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__package__} export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a single-file checkpoint")
     parser.add_argument("--format", choices=["onnx", "pt2"], default="onnx")
     parser.add_argument("--output", type=Path, help="default: the checkpoint's name with .onnx or .pt2")

@@ -17,7 +17,7 @@ from .hardware import machine_of
 from .hardware_rules import from_trainer, runnable
 from .run_folders import newest_run
 
-CLI = [sys.executable, "-m", __package__]
+CLI = [sys.executable, "-m", __spec__.parent]
 RUNS = Path("runs") / "smoke-test"
 LOG = RUNS / "smoke.log"
 

@@ -110,7 +110,7 @@ class BestModelWandbLogger(WandbLogger):
             # Lightning skips folders without a word: the run would end with no model uploaded.
             rank_zero_warn(
                 f"W&B log_model={self._log_model}: this strategy's checkpoints are folders of shards, which W&B's "
-                f"logger does not upload. Make one a file with `python -m {__package__} consolidate` "
+                f"logger does not upload. Make one a file with `python -m {__spec__.parent} consolidate` "
                 "and upload that with `wandb artifact put`."
             )
         super().after_save_checkpoint(checkpoint_callback)
