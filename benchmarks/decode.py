@@ -96,7 +96,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="decode-") as tmp:
         sys.path.insert(0, str(render_project(Path(tmp))))
-        from image_classifier import data, images, shapes, transforms
+        from image_classifier import data, transforms
+        from image_classifier.datasets import images, shapes
 
         root = shapes.draw_shapes_dataset(Path(tmp) / "shapes", images_per_class={"train": args.images_per_class})
         pngs = data.find_images(root / "train", data.find_classes(root / "train"))

@@ -115,7 +115,7 @@ def predictions(checkpoint: Path, onnx: Path, folder: Path, device: str, limit: 
     onnxruntime has CUDA) and against the checkpoint on the CPU, on up to `limit` images of `folder`
     spread over its classes."""
     import onnxruntime
-    from image_classifier.predictor import Predictor
+    from image_classifier.commands.predictor import Predictor
 
     paths = sorted(path for path in folder.rglob("*") if path.suffix.lower() in {".png", ".jpg", ".jpeg"})
     paths = paths[:: max(1, len(paths) // limit)][:limit]
@@ -138,7 +138,7 @@ def draw_images(folder: Path, per_class: int, copies: int, size: int, suffix: st
     """The built-in shapes drawn at `size` px into train/ and val/ class folders, as PNG or as JPEG of
     quality 90 (as photo datasets are kept), each training image linked `copies` times: enough
     images for long runs, for the cost of drawing a few."""
-    from image_classifier.shapes import draw_shapes_dataset
+    from image_classifier.datasets.shapes import draw_shapes_dataset
     from PIL import Image
 
     with tempfile.TemporaryDirectory() as tmp:

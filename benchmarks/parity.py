@@ -44,8 +44,8 @@ class Project:
     def __init__(self, src: Path, data_dir: Path, args, total: int) -> None:
         sys.path.insert(0, str(src))
         from image_classifier.data import ImageDataModule
+        from image_classifier.datasets.shapes import CLASSES, draw_shapes_dataset
         from image_classifier.model import ImageClassifier
-        from image_classifier.shapes import CLASSES, draw_shapes_dataset
 
         self.ImageDataModule, self.ImageClassifier = ImageDataModule, ImageClassifier
         # One epoch holds every step, so no epoch-end work lands in the timed steps. The one val

@@ -44,7 +44,7 @@ RECIPES = {
     "basic": [],
     "+trivialaugment": ["--data.augment=trivialaugment", "--data.random_erasing=0.25"],
     "+mixup/cutmix": ["--model.mixup_alpha=0.2", "--model.cutmix_alpha=1.0", "--model.label_smoothing=0.1"],
-    "+ema": ["--trainer.callbacks+=image_classifier.ema.ModelEMA", "--trainer.callbacks.decay=0.999"],
+    "+ema": ["--trainer.callbacks+=image_classifier.training.ema.ModelEMA", "--trainer.callbacks.decay=0.999"],
 }
 
 
@@ -107,7 +107,7 @@ def datasets(project: Path, env: dict, names: list[str], fashion: Path, per_clas
     found = {}
     if "shapes" in names:
         shapes = project / "data" / "shapes"
-        draw = "from image_classifier.shapes import draw_shapes_dataset as d; import sys; d(sys.argv[1])"
+        draw = "from image_classifier.datasets.shapes import draw_shapes_dataset as d; import sys; d(sys.argv[1])"
         subprocess.run([sys.executable, "-c", draw, str(shapes)], cwd=project, env=env, check=True)
         found["shapes"] = [f"--data.data_dir={shapes}", "--data.image_size=64"]
     if "digits" in names:

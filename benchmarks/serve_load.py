@@ -33,7 +33,7 @@ from rendered import render_project
 
 def draw_jpegs(count: int) -> list[bytes]:
     import numpy as np
-    from image_classifier.shapes import CLASSES, draw_shape
+    from image_classifier.datasets.shapes import CLASSES, draw_shape
 
     images = []
     for index in range(count):
@@ -100,7 +100,7 @@ def load(port: int, images: list[bytes], requests: int, clients: int) -> tuple[f
 def in_process(model: Path, images: list[bytes], count: int) -> float:
     """Images/s of classify's code path in this process, batches of 8."""
     import torch
-    from image_classifier.predictor import Predictor
+    from image_classifier.commands.predictor import Predictor
 
     predictor = Predictor(model).load("cpu")
     batches = [[images[index % len(images)] for index in range(start, start + 8)] for start in range(0, count, 8)]
@@ -124,7 +124,7 @@ def main() -> None:
         project = src.parent
         env = os.environ | {"PYTHONPATH": str(src), "PYTHONUNBUFFERED": "1"}
         sys.path.insert(0, str(src))
-        from image_classifier.shapes import draw_shapes_dataset
+        from image_classifier.datasets.shapes import draw_shapes_dataset
 
         data = draw_shapes_dataset(Path(scratch) / "shapes", {"train": 4, "val": 2}, size=args.image_size)
         on_cpu = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto",

@@ -80,7 +80,7 @@ def main() -> None:
         src = render_project(Path(folder))
         project = src.parent
         env = os.environ | {"PYTHONPATH": str(src), "WANDB_MODE": "offline"}
-        draw = "from image_classifier.shapes import draw_shapes_dataset as d; import sys; d(sys.argv[1])"
+        draw = "from image_classifier.datasets.shapes import draw_shapes_dataset as d; import sys; d(sys.argv[1])"
         subprocess.run([sys.executable, "-c", draw, "data/shapes"], cwd=project, env=env, check=True)
         runs = commands(Path(folder))
         times: dict[str, list[float]] = {name: [] for name in runs}

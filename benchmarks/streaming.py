@@ -26,7 +26,7 @@ from rendered import render_project
 
 def draw_jpegs(root: Path, images: int, size: int) -> None:
     import numpy as np
-    from image_classifier.shapes import CLASSES, draw_shape
+    from image_classifier.datasets.shapes import CLASSES, draw_shape
 
     for index in range(images):
         name = CLASSES[index % len(CLASSES)]
@@ -36,7 +36,7 @@ def draw_jpegs(root: Path, images: int, size: int) -> None:
 
 
 def measure(data_dir: str, data_format: str, workers: int, batches: int) -> float:
-    from image_classifier.benchmark import loader_speed
+    from image_classifier.commands.benchmark import loader_speed
     from image_classifier.data import ImageDataModule
 
     data = ImageDataModule(data_dir, format=data_format, batch_size=64, val_fraction=0.01)

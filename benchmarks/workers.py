@@ -34,7 +34,7 @@ METHODS = ("fork", "forkserver", "spawn")
 
 def measure(data_dir: Path, method: str, workers: int, images_per_class: int) -> dict[str, float]:
     from image_classifier import data as project_data  # from the rendered project, on PYTHONPATH
-    from image_classifier.shapes import draw_shapes_dataset
+    from image_classifier.datasets.shapes import draw_shapes_dataset
 
     draw_shapes_dataset(data_dir, images_per_class={"train": images_per_class, "val": images_per_class // 4})
     datamodule = project_data.ImageDataModule(data_dir, num_workers=workers, batch_size=32, worker_start_method=method)

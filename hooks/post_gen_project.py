@@ -13,14 +13,14 @@ import tempfile
 from pathlib import Path
 
 ANSWERS = json.loads(r"""{{ cookiecutter | jsonify }}""")
-PACKAGE, SETUP_ENV = ANSWERS["package_name"], ANSWERS["setup_env"]
+SETUP_ENV = ANSWERS["setup_env"]
 # Every answer, with the private keys: cruft sets _commit and not _output_dir; cookiecutter the reverse.
 RENDERED_BY_CRUFT = "_commit" in ANSWERS and "_output_dir" not in ANSWERS
 # "1" runs the environment and smoke-test steps even in CI or without a terminal; "0" never runs them.
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
 MAKE_ENV = str(Path("scripts") / "make_env.py")  # the project's own, which users rerun
 LOG = Path("runs") / "smoke-test" / "setup.log"
-# A feature's own files by (question, the answer that keeps them): modules in src/<package>/, tests in
+# A feature's own files by (question, the answer that keeps them): modules by name, in any folder of src/, tests in
 # tests/, others; removed whole when the answers leave it out, but a file two features share stays while either is kept.
 FILES_OF = {
     ("logger", "wandb"): (["wandb_logging"], ["test_wandb_logging"], ["docs/wandb.md"]),
@@ -40,8 +40,8 @@ FILES_OF = {
 def remove_unchosen_features() -> None:
     kept, unchosen = set(), set()
     for (question, keeping_answer), (modules, tests, others) in FILES_OF.items():
-        paths = {f"src/{PACKAGE}/{m}.py" for m in modules} | {f"tests/{t}.py" for t in tests} | set(others)
-        (kept if ANSWERS[question] == keeping_answer else unchosen).update(paths)
+        paths = {str(p) for m in modules for p in Path("src").rglob(f"{m}.py")} | {f"tests/{t}.py" for t in tests}
+        (kept if ANSWERS[question] == keeping_answer else unchosen).update(paths | set(others))
     for path in unchosen - kept:
         Path(path).unlink()
 

@@ -80,7 +80,7 @@ def is_torchvision_classifier(name: str) -> bool:
 
 # The project's own hardware rules (which accelerator, strategy, precision and devices go together),
 # in the template's project folder, whose name is a template variable.
-HARDWARE_RULES = "{*}/src/{*}/hardware_rules.py"
+HARDWARE_RULES = "{*}/src/{*}/hardware/rules.py"
 
 
 def hardware_rules_file() -> Path | None:

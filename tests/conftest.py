@@ -41,9 +41,18 @@ def _hook_files_of() -> dict:
     return ast.literal_eval(table)
 
 
+PACKAGE_SOURCE = TEMPLATE / "{{cookiecutter.project_slug}}" / "src" / "{{cookiecutter.package_name}}"
+
+
+def module_path(name: str) -> str:
+    """Where the module `name` sits in a project, as the hook finds it: names are unique across subpackages."""
+    (path,) = PACKAGE_SOURCE.rglob(f"{name}.py")
+    return "src/{package}/" + path.relative_to(PACKAGE_SOURCE).as_posix()
+
+
 # What each capability adds to a project when its answer is yes: the hook's table.
 CAPABILITY_FILES = {
-    question: [f"src/{{package}}/{name}.py" for name in modules] + [f"tests/{name}.py" for name in tests] + others
+    question: [module_path(name) for name in modules] + [f"tests/{name}.py" for name in tests] + others
     for (question, keeping_answer), (modules, tests, others) in _hook_files_of().items()
     if keeping_answer == "yes"
 }
@@ -78,7 +87,7 @@ def pytest_collection_modifyitems(config, items):
 
 def load_hardware_rules():
     """The generated project's hardware rules, which the pre-generation hook loads the same way."""
-    path = TEMPLATE / "{{cookiecutter.project_slug}}" / "src" / "{{cookiecutter.package_name}}" / "hardware_rules.py"
+    path = PACKAGE_SOURCE / "hardware" / "rules.py"
     spec = importlib.util.spec_from_file_location("hardware_rules", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while they are made

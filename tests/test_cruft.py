@@ -129,7 +129,7 @@ def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path
     model = package / "model.py"
     model.write_text(model.read_text().replace("lr: float = 2e-3,", "lr: float = 1e-3,", 1))
     commit_all(project, "A lower learning rate")
-    assert not (package / "serve.py").exists() and not (package / "sweep.py").exists()
+    assert not (package / "commands" / "serve.py").exists() and not (package / "commands" / "sweep.py").exists()
 
     added = {"serving": "yes", "experiments": "yes", "timm": "yes", "streaming": "yes", "tuning": "yes"}
     run(CRUFT, "update", "--skip-apply-ask", "--variables-to-update", json.dumps(added), cwd=project)
@@ -170,6 +170,9 @@ def test_a_project_from_the_previous_template_commit_updates_to_this_template(tm
         "--extra-context", json.dumps(answers), cwd=tmp_path)  # fmt: skip
     project = tmp_path / "old" / "image-classifier"
     commit_all(project, "New project")
+    model = project / "src" / "image_classifier" / "model.py"  # the file users edit most
+    model.write_text(model.read_text().replace("lr: float = 2e-3,", "lr: float = 1e-3,", 1))
+    commit_all(project, "A lower learning rate")
     run("git", "rm", "-q", "-r", ".", cwd=repo)
     copy_this_template(repo)
     commit_all(repo, "this template")
@@ -180,4 +183,7 @@ def test_a_project_from_the_previous_template_commit_updates_to_this_template(tm
         "--extra-context", json.dumps(answers), cwd=tmp_path)  # fmt: skip
     updated, fresh = project_files(project), project_files(tmp_path / "new" / "image-classifier")
     assert updated.keys() == fresh.keys()
+    assert "lr: float = 1e-3," in model.read_text(), "the user's edit was lost"
+    model.write_text(model.read_text().replace("lr: float = 1e-3,", "lr: float = 2e-3,", 1))
+    updated = project_files(project)
     assert [name for name in fresh if updated[name] != fresh[name]] == [], "the update differs from a new project"

@@ -30,39 +30,18 @@ MODULES = [
     "__init__",
     "__main__",
     "backbone",
-    "batch_mixing",
-    "callbacks",
-    "checkpoint_io",
-    "classify",
     "cli",
-    "consolidate",
-    "csv_logging",
-    "curves",
     "data",
-    "doctor",
-    "ema",
     "errors",
-    "export",
-    "hardware",
-    "hardware_rules",
-    "images",
-    "metrics",
     "model",
-    "network",
-    "predictions",
-    "predictor",
-    "progress",
-    "quiet",
-    "random_state",
-    "reports",
-    "resume",
-    "run_folders",
-    "sampling",
-    "shapes",
-    "sharding",
-    "sigterm",
-    "smoke_test",
     "transforms",
+    *(f"commands/{name}" for name in ["__init__", "classify", "consolidate", "curves", "doctor", "export"]),
+    *(f"commands/{name}" for name in ["predictor", "smoke_test"]),
+    *(f"datasets/{name}" for name in ["__init__", "images", "sampling", "shapes"]),
+    *(f"hardware/{name}" for name in ["__init__", "checks", "network", "rules", "sharding"]),
+    *(f"training/{name}" for name in ["__init__", "batch_mixing", "callbacks", "checkpoint_io", "csv_logging", "ema"]),
+    *(f"training/{name}" for name in ["metrics", "progress", "quiet", "random_state", "reports", "resume"]),
+    *(f"training/{name}" for name in ["predictions", "run_folders", "sigterm"]),
 ]
 DOCS = ["setup", "training", "evaluation", "configuration", "distributed", "docker", "development"]
 TESTS = [
@@ -121,7 +100,7 @@ def expected_files(package: str, logger: str, accelerator: str, chosen: set[str]
         *(f"tests/{name}.py" for name in TESTS),
     }
     if logger == "wandb":
-        files |= {f"src/{package}/wandb_logging.py", "tests/test_wandb_logging.py", "docs/wandb.md"}
+        files |= {f"src/{package}/training/wandb_logging.py", "tests/test_wandb_logging.py", "docs/wandb.md"}
     if accelerator == "mps":
         files.add("configs/trainer/mps.yaml")
     for capability in chosen:
@@ -153,29 +132,60 @@ def references_to_absent_modules(project, package: str) -> set[str]:
     """Imports of the project's own modules and tests, and dotted names of its modules (class paths in
     configs, docs), that the render does not hold: what a capability left out may leave behind."""
     source, tests = project / "src" / package, project / "tests"
-    known = {f"{package}.{path.stem}" for path in source.glob("*.py")} | {path.stem for path in tests.glob("*.py")}
+    dotted = {
+        path: ".".join((package, *path.relative_to(source).with_suffix("").parts)) for path in source.rglob("*.py")
+    }
+    modules = {name.removesuffix(".__init__") for name in dotted.values()}
+    # What a package's __init__ imports or assigns, which `from <package> import name` may name too.
+    exported = {
+        name.removesuffix(".__init__"): defined_names(path.read_text())
+        for path, name in dotted.items()
+        if path.name == "__init__.py"
+    }
+
+    def holds(chain: str) -> bool:  # pkg.training.callbacks.Class: packages, then a module, then what it holds
+        parts = chain.split(".")
+        for end in range(1, len(parts)):
+            prefix, following = ".".join(parts[:end]), ".".join(parts[: end + 1])
+            if prefix not in exported:
+                return prefix in modules
+            if following not in modules:
+                return parts[end] in exported[prefix]
+        return True
+
     absent = set()
-    for path in [*source.glob("*.py"), *tests.glob("*.py")]:
+    for path in [*dotted, *tests.glob("*.py")]:
+        here = dotted.get(path, "").removesuffix(".__init__") if path.name == "__init__.py" else dotted.get(path, "")
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):  # import <package>.x
-                imported = {".".join(alias.name.split(".")[:2]) for alias in node.names}
-                imported = {name for name in imported if name.startswith(f"{package}.")}
+                imported = {alias.name for alias in node.names if alias.name.startswith(f"{package}.")}
             elif not isinstance(node, ast.ImportFrom):
                 continue
-            elif node.level == 1 or node.module == package:  # from .x import y, from . import x, from <pkg> import x
-                named = {node.module} if node.level and node.module else {alias.name for alias in node.names}
-                imported = {f"{package}.{name}" for name in named}
-            elif re.fullmatch(rf"{package}\.\w+.*|conftest|test_\w+|helper_\w+", node.module or ""):
-                imported = {".".join(node.module.split(".")[:2])}
+            elif node.level:  # from .x import y, from ..x import y, from . import x
+                base = ".".join(here.split(".")[: len(here.split(".")) - node.level + (path.name == "__init__.py")])
+                module = f"{base}.{node.module}" if node.module else base
+                imported = {f"{module}.{alias.name}" for alias in node.names}
+            elif re.fullmatch(rf"{package}(\.\w+)*", node.module or ""):  # from <package>[.x] import y
+                imported = {f"{node.module}.{alias.name}" for alias in node.names}
+            elif re.fullmatch(r"conftest|test_\w+|helper_\w+", node.module or ""):
+                imported = set() if (tests / f"{node.module}.py").is_file() else {node.module}
             else:
                 continue
-            absent |= {f"{path.name} imports {name}" for name in imported - known}
+            absent |= {f"{path.name} imports {name}" for name in imported if not holds(name)}
     for name in rendered_files(project) - {".cookiecutter.json"}:
-        # A module's dotted name is followed by what it holds (pkg.data.ImageDataModule, pkg.cli:main).
-        for module in re.findall(rf"(?<![\w./-]){package}\.\w+(?=[.:][A-Za-z_])", (project / name).read_text()):
-            if module not in known:
-                absent.add(f"{name} names {module}")
+        # A dotted name that goes on past a module (pkg.data.ImageDataModule, pkg.cli:main).
+        for chain in re.findall(rf"(?<![\w./-]){package}(?:\.\w+)+(?=[.:][A-Za-z_])", (project / name).read_text()):
+            if not holds(chain):
+                absent.add(f"{name} names {chain}")
     return absent
+
+
+def defined_names(code: str) -> set[str]:
+    nodes = ast.parse(code).body
+    imported = {
+        alias.asname or alias.name for node in nodes if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
+    return imported | {target.id for node in nodes if isinstance(node, ast.Assign) for target in node.targets}
 
 
 def rendered_files(project) -> set[str]:

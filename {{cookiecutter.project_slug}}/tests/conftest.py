@@ -15,7 +15,7 @@ import wandb
 {%- endif %}
 
 from {{ cookiecutter.package_name }}.cli import main, resolved_config
-from {{ cookiecutter.package_name }}.shapes import draw_shapes_dataset
+from {{ cookiecutter.package_name }}.datasets.shapes import draw_shapes_dataset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # The tests run on CPU whatever hardware the project was generated for.

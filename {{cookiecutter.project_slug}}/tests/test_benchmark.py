@@ -5,7 +5,7 @@ import torch
 import yaml
 from conftest import ON_CPU, run_command
 
-from {{ cookiecutter.package_name }}.benchmark import flops_per_image, peak_flops
+from {{ cookiecutter.package_name }}.commands.benchmark import flops_per_image, peak_flops
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 
 

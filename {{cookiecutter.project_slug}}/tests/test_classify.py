@@ -6,8 +6,8 @@ import shutil
 import pytest
 from conftest import ON_CPU, on_data, refusal, run_cli
 
-from {{ cookiecutter.package_name }}.classify import image_files
-from {{ cookiecutter.package_name }}.shapes import CLASSES
+from {{ cookiecutter.package_name }}.commands.classify import image_files
+from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
 
 
 def classify(monkeypatch, *args: str) -> list[dict]:

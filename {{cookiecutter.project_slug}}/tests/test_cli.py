@@ -19,8 +19,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.cli import TOOLS
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
 from {{ cookiecutter.package_name }}.model import ImageClassifier
-from {{ cookiecutter.package_name }}.shapes import CLASSES
 
 # The tests run on CPU whatever hardware the project was generated for.
 
@@ -129,34 +129,67 @@ def test_misspelt_option_names_the_closest_one(monkeypatch, capsys, in_project_c
     assert "Did you mean model.backbone" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("option", "module", "name"),
+    [("plugins", "checkpoint_io", "AtomicCheckpointIO"), ("logger", "csv_logging", "ResumableCSVLogger")],
+)
+def test_a_class_path_from_the_flat_package_names_where_the_class_is_now(
+    monkeypatch, capsys, in_project_copy, option, module, name
+):
+    # A run's config.yaml from before the package was laid out by concern names its classes at the top.
+    old, new = (f"{{ cookiecutter.package_name }}.{folder}{module}.{name}" for folder in ("", "training."))
+    entry = f"- class_path: {old}" if option == "plugins" else f"class_path: {old}"
+    (in_project_copy / "old.yaml").write_text(f"trainer:\n  {option}:\n    {entry}\n")
+    message = refusal(monkeypatch, capsys, "fit", "--config=old.yaml", "--trainer.fast_dev_run=true")
+    assert message == f"error: {old} is now {new}: change the config"
+
+
+def test_a_run_config_from_the_flat_package_names_each_path_that_moved(monkeypatch, capsys, in_project_copy):
+    package = "{{ cookiecutter.package_name }}"
+    (in_project_copy / "old.yaml").write_text(
+        f"trainer:\n  callbacks:\n    - class_path: {package}.callbacks.StopOnNonFiniteLoss\n"
+        f"    - class_path: {package}.ema.ModelEMA\n# auto_wrap_policy: {package}.sharding.wrap_blocks\n"
+    )
+    message = refusal(monkeypatch, capsys, "fit", "--config=old.yaml", "--trainer.fast_dev_run=true")
+    assert message == (
+        f"error: {package}.callbacks.StopOnNonFiniteLoss is now {package}.training.callbacks.StopOnNonFiniteLoss; "
+        f"{package}.ema.ModelEMA is now {package}.training.ema.ModelEMA; "
+        f"{package}.sharding.wrap_blocks is now {package}.hardware.sharding.wrap_blocks: change the config"
+    )
+
+
 def test_fit_loads_no_other_commands_code():
     # Each tool is imported by its own command only: `fit` pays for none of them.
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "{{ cookiecutter.package_name }}", "fit", "--help"],
                           capture_output=True, text=True, env=command_env(), timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    imported = set(re.findall(r"\|\s+{{ cookiecutter.package_name }}\.(\w+)\s*$", done.stderr, re.MULTILINE))
-    tools = {module.partition(":")[0] for module in TOOLS.values()}
-    assert "cli" in imported and imported.isdisjoint(tools), imported & tools
+    imported = set(re.findall(r"\|\s+{{ cookiecutter.package_name }}\.([\w.]+)\s*$", done.stderr, re.MULTILINE))
+    tools = {f"commands.{module.partition(':')[0]}" for module in TOOLS.values()}
+    assert {"cli", "training.callbacks"} <= imported and "commands" not in imported, imported & tools
 
 
 def test_the_package_imports_form_no_cycle():
     # Imports inside functions count: they must not be a way around a cycle.
     package = Path(cli.__file__).parent
-    imports = {
-        module.stem: {
-            node.module or name.name
-            for node in ast.walk(ast.parse(module.read_text()))
-            if isinstance(node, ast.ImportFrom) and node.level == 1
-            for name in node.names
-        }
-        for module in package.glob("*.py")
-    }
+    modules = {".".join(path.relative_to(package).with_suffix("").parts): path for path in package.rglob("*.py")}
+    imports = {}
+    for name, path in modules.items():
+        here = name.split(".")[:-1]  # the package the module is in
+        imports[name] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = ".".join([*here[: len(here) - node.level + 1], *filter(None, [node.module])])
+                # from .training import sigterm names a module; from .errors import PACKAGE, a module's name
+                named = {f"{base}.{alias.name}".lstrip(".") for alias in node.names} & modules.keys()
+                package_init = ".".join(filter(None, [base, "__init__"]))  # from . import ImageClassifier
+                imports[name] |= named or {base if base in modules else package_init}
 
     def reaches(start: str, path: tuple[str, ...]) -> None:
         for target in imports.get(start, ()):
             assert target not in path, f"import cycle: {' -> '.join([*path, target])}"
             reaches(target, (*path, target))
 
+    assert imports["commands.doctor"] >= {"cli", "hardware.checks", "commands.smoke_test"}  # resolved at any depth
     for module in imports:
         reaches(module, (module,))
 

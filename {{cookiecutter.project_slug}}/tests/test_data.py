@@ -16,8 +16,8 @@ from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import data as data_module
 from {{ cookiecutter.package_name }}.data import ImageDataModule, auto_workers, stratified_split
-from {{ cookiecutter.package_name }}.images import read_rgb
-from {{ cookiecutter.package_name }}.shapes import CLASSES
+from {{ cookiecutter.package_name }}.datasets.images import read_rgb
+from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
 from {{ cookiecutter.package_name }}.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 

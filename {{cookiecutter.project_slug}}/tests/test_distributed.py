@@ -59,7 +59,7 @@ def uneven_shapes(tiny_shapes, tmp_path) -> Path:
 
 def test_ddp_splits_the_data_into_one_run(in_project_copy, uneven_shapes):
     ranks = in_project_copy / "ranks"
-    ema = "--trainer.callbacks+={{ cookiecutter.package_name }}.ema.ModelEMA"
+    ema = "--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.ModelEMA"
     fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
         "--trainer.max_epochs=1", *data(uneven_shapes, batch_size=11), record(ranks), ema)  # fmt: skip
     rank0, rank1 = seen(ranks)

@@ -5,8 +5,8 @@ from collections import namedtuple
 import pytest
 from conftest import command_env, run_group
 
-from {{ cookiecutter.package_name }} import doctor
 from {{ cookiecutter.package_name }}.cli import main, resolved_config
+from {{ cookiecutter.package_name }}.commands import doctor
 
 NO_GPU = {"python": "3.11", "torch": "2.5", "cuda": None, "cudnn": None, "nccl": None, "gpus": [], "mps": False}
 NO_GPU |= {"cpus": 4, "deepspeed": False}

@@ -10,7 +10,7 @@ from conftest import ON_CPU, on_data, refusal, run_cli
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
-from {{ cookiecutter.package_name }}.resume import check_checkpoint
+from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
 
 
 def fit(data_dir, *args: str) -> list[str]:

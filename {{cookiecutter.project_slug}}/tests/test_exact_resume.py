@@ -21,9 +21,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from {{ cookiecutter.package_name }}.cli import build
 from {{ cookiecutter.package_name }}.data import ImageDataModule
-from {{ cookiecutter.package_name }}.images import read_rgb
+from {{ cookiecutter.package_name }}.datasets.images import read_rgb
 
-EMA = json.dumps({"class_path": "{{ cookiecutter.package_name }}.ema.ModelEMA", "init_args": {"decay": 0.9}})
+EMA = json.dumps({"class_path": "{{ cookiecutter.package_name }}.training.ema.ModelEMA", "init_args": {"decay": 0.9}})
 SIGTERM_AT_STEP_5 = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 5}})
 TWO_EPOCHS = ["--trainer.max_epochs=2", "--trainer.limit_val_batches=2", "--trainer.deterministic=true",
               "--data.image_size=32"]  # fmt: skip
@@ -45,7 +45,7 @@ FORMAT_OF = {"tiny_shapes": []
 
 
 def logged_to(folder: str) -> list[str]:
-    return ["--trainer.logger={{ cookiecutter.package_name }}.csv_logging.ResumableCSVLogger",
+    return ["--trainer.logger={{ cookiecutter.package_name }}.training.csv_logging.ResumableCSVLogger",
             f"--trainer.logger.save_dir={folder}", "--trainer.logger.name=run"]  # fmt: skip
 
 

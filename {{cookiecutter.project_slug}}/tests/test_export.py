@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.export import ServedClassifier, sample_images
+from {{ cookiecutter.package_name }}.commands.export import ServedClassifier, sample_images
+from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
 from {{ cookiecutter.package_name }}.model import ImageClassifier
-from {{ cookiecutter.package_name }}.shapes import CLASSES
 from {{ cookiecutter.package_name }}.transforms import Preprocessing
 
 

@@ -8,8 +8,9 @@ import pytest
 import yaml
 from conftest import PROJECT_ROOT
 
-from {{ cookiecutter.package_name }} import doctor, hardware
-from {{ cookiecutter.package_name }}.hardware_rules import Settings, fastest_precision, from_trainer, problems, runnable
+from {{ cookiecutter.package_name }}.commands import doctor
+from {{ cookiecutter.package_name }}.hardware import checks
+from {{ cookiecutter.package_name }}.hardware.rules import Settings, fastest_precision, from_trainer, problems, runnable
 
 PRESETS = sorted((PROJECT_ROOT / "configs" / "trainer").glob("*.yaml"))
 BASE = {"python": "3.12", "torch": "2.9", "cuda": None, "cudnn": None, "nccl": None, "gpus": [], "mps": False}
@@ -34,8 +35,8 @@ def trainer_of(preset, accelerator: str, precision: str) -> dict:
 @pytest.mark.parametrize("machine_name", MACHINES)
 def test_every_user_of_the_rules_agrees(monkeypatch, project_config, machine_name):
     facts = MACHINES[machine_name]
-    machine = hardware.machine_of(facts)
-    monkeypatch.setattr(hardware, "machine_facts", lambda: facts)
+    machine = checks.machine_of(facts)
+    monkeypatch.setattr(checks, "machine_facts", lambda: facts)
     refused = 0
     for preset, accelerator, precision in CASES:
         trainer = trainer_of(preset, accelerator, precision)
@@ -46,11 +47,11 @@ def test_every_user_of_the_rules_agrees(monkeypatch, project_config, machine_nam
 
         # The CLI stops at the first problem, with its fix.
         if found:
-            with pytest.raises(hardware.HardwareError) as stopped:
-                hardware.check_hardware(trainer)
+            with pytest.raises(checks.HardwareError) as stopped:
+                checks.check_hardware(trainer)
             assert str(stopped.value) == f"{found[0]}.", case
         else:
-            hardware.check_hardware(trainer)
+            checks.check_hardware(trainer)
 
         # doctor fails exactly on these, in this order.
         config = {"trainer": trainer, "data": project_config["data"]}
@@ -86,12 +87,12 @@ def test_every_user_of_the_rules_agrees(monkeypatch, project_config, machine_nam
     ],
 )
 def test_rules(settings, machine_name, said):
-    found = problems(settings, hardware.machine_of(MACHINES[machine_name]))
+    found = problems(settings, checks.machine_of(MACHINES[machine_name]))
     assert (said in found[0].what) if said else found == [], found
 
 
 def test_too_many_devices_fall_back_to_the_gpus_there_are():
-    machine = hardware.machine_of(MACHINES["one v100"])
+    machine = checks.machine_of(MACHINES["one v100"])
     ran, why = runnable(Settings("gpu", 4, "DDPStrategy", "16-mixed"), machine)
     assert ran == Settings("gpu", "1", "DDPStrategy", "16-mixed") and why == "devices 4, but 1 CUDA GPU(s) are visible"
 
@@ -108,10 +109,10 @@ def test_too_many_devices_fall_back_to_the_gpus_there_are():
 )
 def test_the_cpu_trains_in_its_fastest_precision(monkeypatch, machine_name, accelerator, cpu_bf16, trained_in):
     facts = MACHINES[machine_name] | {"cpu_bf16": cpu_bf16}
-    monkeypatch.setattr(hardware, "machine_facts", lambda: facts)
+    monkeypatch.setattr(checks, "machine_facts", lambda: facts)
     trainer = {"accelerator": accelerator, "devices": 1, "strategy": "auto", "precision": "bf16-mixed"}
-    hardware.settle_precision(trainer)
+    checks.settle_precision(trainer)
     assert trainer["precision"] == trained_in
-    ran, _ = runnable(Settings("gpu", 1, "auto", "bf16-mixed"), hardware.machine_of(facts))
+    ran, _ = runnable(Settings("gpu", 1, "auto", "bf16-mixed"), checks.machine_of(facts))
     if not facts["gpus"]:  # no GPU: the smoke test falls back to the CPU, in float32
         assert ran.precision == "32-true"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
-from {{ cookiecutter.package_name }}.metrics import MeanPerImage, classification_metrics
 from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.training.metrics import MeanPerImage, classification_metrics
 
 
 def one_hot_logits(ranking: list[list[int]], classes: int = 6) -> torch.Tensor:

@@ -11,7 +11,7 @@ from {{ cookiecutter.package_name }}.backbone import head_names
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import ConfigError, MissingError
 from {{ cookiecutter.package_name }}.model import ImageClassifier, warmup_cosine
-from {{ cookiecutter.package_name }}.reports import per_class_accuracy
+from {{ cookiecutter.package_name }}.training.reports import per_class_accuracy
 
 
 @pytest.mark.parametrize("backbone", ["resnet18", "mobilenet_v3_small", "efficientnet_b0", "squeezenet1_1"])

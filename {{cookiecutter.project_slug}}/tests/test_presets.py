@@ -14,11 +14,11 @@ from conftest import PROJECT_ROOT, run_cli
 from jsonargparse import ArgumentParser
 from lightning.pytorch.strategies import Strategy
 
-from {{ cookiecutter.package_name }} import hardware, hardware_rules
 from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.hardware import checks, rules
+from {{ cookiecutter.package_name }}.hardware.sharding import wrap_blocks
 from {{ cookiecutter.package_name }}.model import ImageClassifier
-from {{ cookiecutter.package_name }}.sharding import wrap_blocks
 
 PRESETS = sorted((PROJECT_ROOT / "configs" / "trainer").glob("*.yaml"))
 HARDWARE_KEYS = {"accelerator", "devices", "num_nodes", "strategy", "precision", "sync_batchnorm"}
@@ -109,14 +109,14 @@ def test_fp16_on_the_cpu_is_refused(monkeypatch, in_project_copy):
 
 def test_bf16_on_a_gpu_without_it_is_refused(monkeypatch):
     v100 = {"name": "Tesla V100-SXM2-32GB", "capability": "7.0", "memory_gib": 32.0, "bf16": False, "tf32": False}
-    facts = hardware.machine_facts() | {"cuda": "12.4", "nccl": "2.21.5", "gpus": [v100]}
-    monkeypatch.setattr(hardware, "machine_facts", lambda: facts)
-    with pytest.raises(hardware.HardwareError, match="Tesla V100.*16-mixed"):
-        hardware.check_hardware({"accelerator": "gpu", "precision": "bf16-mixed", "strategy": "auto"})
-    hardware.check_hardware({"accelerator": "gpu", "precision": "16-mixed", "strategy": "ddp"})
-    fsdp2 = {"class_path": "{{ cookiecutter.package_name }}.sharding.FSDP2Strategy"}
-    with pytest.raises(hardware.HardwareError, match="use --trainer.precision 32-true"):  # FSDP2 has no 16-mixed
-        hardware.check_hardware({"accelerator": "gpu", "precision": "bf16-mixed", "strategy": fsdp2})
+    facts = checks.machine_facts() | {"cuda": "12.4", "nccl": "2.21.5", "gpus": [v100]}
+    monkeypatch.setattr(checks, "machine_facts", lambda: facts)
+    with pytest.raises(checks.HardwareError, match="Tesla V100.*16-mixed"):
+        checks.check_hardware({"accelerator": "gpu", "precision": "bf16-mixed", "strategy": "auto"})
+    checks.check_hardware({"accelerator": "gpu", "precision": "16-mixed", "strategy": "ddp"})
+    fsdp2 = {"class_path": "{{ cookiecutter.package_name }}.hardware.sharding.FSDP2Strategy"}
+    with pytest.raises(checks.HardwareError, match="use --trainer.precision 32-true"):  # FSDP2 has no 16-mixed
+        checks.check_hardware({"accelerator": "gpu", "precision": "bf16-mixed", "strategy": fsdp2})
 
 
 def test_fsdp2_with_float16_is_refused_and_its_preset_never_asks_for_it(monkeypatch, in_project_copy):
@@ -139,7 +139,7 @@ def test_fsdp2_with_float16_is_refused_and_its_preset_never_asks_for_it(monkeypa
     ],
 )
 def test_strategy_names_as_users_write_them(strategy, name):
-    assert hardware_rules.strategy_class_name(strategy) == name
+    assert rules.strategy_class_name(strategy) == name
 
 
 def own_defaults(cls) -> dict:

@@ -9,11 +9,11 @@ import torch
 from conftest import ON_CPU, on_data
 from torch.nn.functional import cross_entropy
 
-from {{ cookiecutter.package_name }} import progress
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
-from {{ cookiecutter.package_name }}.progress import LogLines
+from {{ cookiecutter.package_name }}.training import progress
+from {{ cookiecutter.package_name }}.training.progress import LogLines
 
 
 def test_lines_every_n_steps_and_per_epoch_with_the_epochs_numbers(monkeypatch, capsys, tiny_shapes):

@@ -14,20 +14,20 @@ from PIL import Image
 from torchvision.ops import StochasticDepth
 
 from {{ cookiecutter.package_name }}.backbone import build_backbone, head_names
-from {{ cookiecutter.package_name }}.batch_mixing import BatchMixing
 from {{ cookiecutter.package_name }}.cli import build
 from {{ cookiecutter.package_name }}.data import ImageDataModule
-from {{ cookiecutter.package_name }}.ema import ModelEMA
+from {{ cookiecutter.package_name }}.datasets.sampling import ClassBalancedSampler
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.model import backbone_factor, warmup_cosine
-from {{ cookiecutter.package_name }}.sampling import ClassBalancedSampler
+from {{ cookiecutter.package_name }}.training.batch_mixing import BatchMixing
+from {{ cookiecutter.package_name }}.training.ema import ModelEMA
 
 SMALL = ["--data.image_size=32", "--trainer.limit_val_batches=2", "--trainer.deterministic=true"]
 
 
 def logged_to(folder: str) -> list[str]:
     """A CSV logger writing under `folder`, where the run's checkpoints go too."""
-    return ["--trainer.logger={{ cookiecutter.package_name }}.csv_logging.ResumableCSVLogger",
+    return ["--trainer.logger={{ cookiecutter.package_name }}.training.csv_logging.ResumableCSVLogger",
             f"--trainer.logger.save_dir={folder}", "--trainer.logger.name=run"]  # fmt: skip
 
 
@@ -84,7 +84,7 @@ def test_mixing_trains_on_soft_targets_and_turns_training_accuracy_off(in_projec
     assert "train/acc" not in cli.model.logged_metrics()
 
 
-EMA = json.dumps({"class_path": "{{ cookiecutter.package_name }}.ema.ModelEMA", "init_args": {"decay": 0.9}})
+EMA = json.dumps({"class_path": "{{ cookiecutter.package_name }}.training.ema.ModelEMA", "init_args": {"decay": 0.9}})
 STOP_AFTER_FIRST_EPOCH = json.dumps({"class_path": "helper_callbacks.StopAfterEpoch", "init_args": {"epoch": 0}})
 
 

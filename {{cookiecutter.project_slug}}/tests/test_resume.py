@@ -14,14 +14,14 @@ import torch
 from conftest import command_env, refusal, run_cli, run_command
 from jsonargparse import Namespace
 
-from {{ cookiecutter.package_name }} import checkpoint_io, resume
+from {{ cookiecutter.package_name }}.training import checkpoint_io, resume
 
 TRAINER = [
     "--trainer.accelerator=cpu",
     "--trainer.devices=1",
     "--trainer.strategy=auto",
     "--trainer.precision=32-true",
-    "--trainer.logger={{ cookiecutter.package_name }}.csv_logging.ResumableCSVLogger",
+    "--trainer.logger={{ cookiecutter.package_name }}.training.csv_logging.ResumableCSVLogger",
     "--trainer.logger.save_dir=runs",
     "--trainer.logger.name=resume",
 ]

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import ON_CPU, command_env, run_group
 
-from {{ cookiecutter.package_name }}.callbacks import EndWithLauncher, NonFiniteLossError, StopOnNonFiniteLoss
 from {{ cookiecutter.package_name }}.cli import build
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
+from {{ cookiecutter.package_name }}.training.callbacks import EndWithLauncher, NonFiniteLossError, StopOnNonFiniteLoss
 
 
 class NaNAtStep(ImageClassifier):

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from test_warnings import warnings_in
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.image_requests import BadImageRequest, Limits, image_bytes, read_body
+from {{ cookiecutter.package_name }}.commands.image_requests import BadImageRequest, Limits, image_bytes, read_body
 
 PNG = "image/png"
 
@@ -287,7 +287,7 @@ def test_sigterm_to_its_group_in_a_burst_answers_every_connection_it_took_and_re
 
 def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "litserve", None)
-    monkeypatch.delitem(sys.modules, "{{ cookiecutter.package_name }}.serve", raising=False)
+    monkeypatch.delitem(sys.modules, "{{ cookiecutter.package_name }}.commands.serve", raising=False)
     message = refusal(monkeypatch, capsys, "serve", "--model=model.ckpt")
     assert message == 'error: Serving needs LitServe, the serve extra: pip install -e ".[serve]"'
 

@@ -1,4 +1,4 @@
-from {{ cookiecutter.package_name }}.shapes import CLASSES, draw_shapes_dataset
+from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES, draw_shapes_dataset
 
 COUNTS = {"train": 3, "val": 1}
 

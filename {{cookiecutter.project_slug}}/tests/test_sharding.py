@@ -10,7 +10,7 @@ import pytest
 import torchvision
 from torch import nn
 
-from {{ cookiecutter.package_name }}.sharding import backbone_blocks, wrap_blocks
+from {{ cookiecutter.package_name }}.hardware.sharding import backbone_blocks, wrap_blocks
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import yaml
 from conftest import command_env, run_group
 
 # The smoke test's CPU runs (accelerator auto, or the fallback from GPUs) train in float32, which a
-# CPU computes faster than the presets' mixed precisions (hardware_rules.fastest_precision).
+# CPU computes faster than the presets' mixed precisions (hardware/rules.py's fastest_precision).
 CPU_PRECISION = "32-true"
 DOCTOR_SMOKE = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "doctor", "--smoke"]
 

@@ -17,9 +17,9 @@ from test_exact_resume import FORMAT_OF, fit_command, logged_to, plain_images, r
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule, StreamingDataModule, checkpoint_preprocessing
+from {{ cookiecutter.package_name }}.datasets.streaming import MANIFEST
 from {{ cookiecutter.package_name }}.errors import ConfigError, DataError, MissingError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
-from {{ cookiecutter.package_name }}.streaming import MANIFEST
 
 
 def streaming(location: str | Path, batch_size: int = 4, workers: int = 0) -> list[str]:
@@ -87,10 +87,10 @@ def test_a_streaming_data_module_pickles(shards):
 
 def test_a_subclass_streams_only_as_a_subclass_of_the_streaming_module(shards):
     class MyFolders(ImageDataModule):
-        pass
+        """A user's data module for image folders."""
 
     class MyShards(StreamingDataModule):
-        pass
+        """A user's data module for shards."""
 
     with pytest.raises(ConfigError, match="MyFolders reads image folders: for --data.format streaming, subclass"):
         MyFolders(str(shards), format="streaming")
@@ -166,7 +166,7 @@ def test_unfinished_shards_and_another_class_set_are_refused(shards, tmp_path):
 
 def test_streaming_without_litdata_names_the_extra_to_install(monkeypatch, capsys, shards, tmp_path):
     monkeypatch.setitem(sys.modules, "litdata", None)  # as if it were not installed
-    for module in ("streaming", "shard"):
+    for module in ("datasets.streaming", "commands.shard"):
         monkeypatch.delitem(sys.modules, f"{{ cookiecutter.package_name }}.{module}", raising=False)
     assert ".[streaming]" in refusal(monkeypatch, capsys, "shard", str(tmp_path), str(tmp_path / "out"))
     assert ".[streaming]" in refusal(monkeypatch, capsys, "fit", *ON_CPU, *streaming(shards))

@@ -13,7 +13,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
-from {{ cookiecutter.package_name }}.search_space import read_search_space
+from {{ cookiecutter.package_name }}.commands.search_space import read_search_space
 
 # A few steps per epoch, and no progress bar in the test's output.
 SHORT = ["--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false"]

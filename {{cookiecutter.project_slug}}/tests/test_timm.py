@@ -13,8 +13,8 @@ from {{ cookiecutter.package_name }} import timm_backbones
 from {{ cookiecutter.package_name }}.backbone import build_backbone, head_names
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.errors import ConfigError
+from {{ cookiecutter.package_name }}.hardware.sharding import backbone_blocks
 from {{ cookiecutter.package_name }}.model import ImageClassifier
-from {{ cookiecutter.package_name }}.sharding import backbone_blocks
 from {{ cookiecutter.package_name }}.transforms import resolve_preprocessing
 
 # timm's own tiny test models: real architectures, a few thousand parameters.

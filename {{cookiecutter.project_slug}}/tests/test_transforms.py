@@ -15,8 +15,8 @@ from torchvision.transforms.v2 import functional as F
 from {{ cookiecutter.package_name }} import model as model_module
 from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS, ClassifierCLI, build, main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.datasets.images import read_rgb
 from {{ cookiecutter.package_name }}.errors import ConfigError
-from {{ cookiecutter.package_name }}.images import read_rgb
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.transforms import Preprocessing, train_transform
 

@@ -7,9 +7,9 @@ import pytest
 import yaml
 from conftest import ON_CPU, refusal, run_command
 
-from {{ cookiecutter.package_name }} import tune
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.shapes import draw_shapes_dataset
+from {{ cookiecutter.package_name }}.commands import tune
+from {{ cookiecutter.package_name }}.datasets.shapes import draw_shapes_dataset
 
 
 def tiny(data_dir) -> list[str]:

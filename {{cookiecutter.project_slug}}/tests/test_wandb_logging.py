@@ -9,7 +9,7 @@ import wandb
 from conftest import ON_CPU
 
 from {{ cookiecutter.package_name }}.cli import main
-from {{ cookiecutter.package_name }}.wandb_logging import go_offline_unless_reachable
+from {{ cookiecutter.package_name }}.training.wandb_logging import go_offline_unless_reachable
 
 ONE_BATCH = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
 

@@ -1,5 +1,5 @@
 """A short run prints no warning but those on the allow-list below: each warning is either the
-user's business or silenced at its source (quiet.py) or fixed."""
+user's business or silenced at its source (training/quiet.py) or fixed."""
 
 import re
 import sys

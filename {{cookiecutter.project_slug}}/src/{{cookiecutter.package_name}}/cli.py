@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 import warnings
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
@@ -28,14 +29,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 {%- endif %}
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .callbacks import EndWithLauncher
 from .data import ImageDataModule, TooFewClassesError
-from .errors import ConfigError, DataError, UserError, one_line, wants_traceback
-from .hardware import check_hardware, settle_precision
+from .errors import PACKAGE, ConfigError, DataError, UserError, one_line, wants_traceback
+from .hardware.checks import check_hardware, settle_precision
 from .model import ImageClassifier, check_same_classes, check_same_optimizer_layout
-from .progress import LogLines
-from .quiet import silence_dependency_noise
-from .resume import (
+from .training.callbacks import EndWithLauncher
+from .training.progress import LogLines
+from .training.quiet import silence_dependency_noise
+from .training.resume import (
     ALLOW_CHANGES,
     check_checkpoint,
     first_logger,
@@ -43,9 +44,9 @@ from .resume import (
     resumed_config_name,
     saved_checkpoint,
 )
-from .run_folders import check_writable
+from .training.run_folders import check_writable
 {%- if cookiecutter.logger == "wandb" %}
-from .wandb_logging import SaveConfigToRun, go_offline_unless_reachable
+from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
 
 # Relative to where the command runs: the project folder, as for data/ and runs/. The hardware
@@ -61,7 +62,7 @@ SAVE_CONFIG = SaveConfigCallback
 {%- endif %}
 # The command line being run.
 GIVEN: list[str] = []
-# This project's commands beside LightningCLI's fit, validate, test and predict: the module of each,
+# This project's commands beside LightningCLI's fit, validate, test and predict: the module of each in commands/,
 # whose main(argv) -> int runs it (or module:function). Imported only when its command runs, so
 # `fit` loads none of them.
 TOOLS = {
@@ -115,6 +116,11 @@ class SuggestingParser(LightningArgumentParser):
             super().error(message, *args, **kwargs)  # with the usage, or raised for jsonargparse to handle
         if message.startswith("Problems parsing config"):
             message = yaml_syntax_error() or message
+        # A run's config.yaml from before a template update that moved modules: every class it names.
+        named = "\n".join([message, *map(text_of, given_configs())])
+        moved = [f"{old} is now {new}" for old, new in moved_names(named)]
+        if moved:
+            message = f"{'; '.join(moved)}: change the config"
         print(f"error: {condensed(message)}", file=sys.stderr)
         sys.exit(2)
 
@@ -142,17 +148,43 @@ def condensed(message: str) -> str:
     return "; ".join([" ".join([head, *lines[1:2]]), *details])
 
 
-def yaml_syntax_error() -> str | None:
-    """The config file, line and problem of the YAML that does not parse, among the default configs
-    and those given with --config."""
+def moved_names(text: str) -> list[tuple[str, str]]:
+    """(old, new) dotted paths of this package's classes and functions that `text` names in a module the
+    package no longer has, found by their definition in the package's source."""
+    package, moved = Path(__file__).parent, []
+    for old in dict.fromkeys(re.findall(rf"\b{PACKAGE}(?:\.\w+)+", text)):
+        module, _, name = old.rpartition(".")
+        with contextlib.suppress(ModuleNotFoundError):  # a parent that is missing too
+            if find_spec(module) is not None:
+                continue
+        defines = re.compile(rf"^(class|def) {name}\b", re.MULTILINE)
+        homes = [path for path in sorted(package.rglob("*.py")) if defines.search(path.read_text())]
+        if len(homes) == 1:
+            moved.append((old, ".".join((PACKAGE, *homes[0].relative_to(package).with_suffix("").parts, name))))
+    return moved
+
+
+def given_configs() -> list[str]:
+    """The default configs, then those given with --config."""
     command = GIVEN or sys.argv[1:]
     given = [arg.split("=", 1)[1] for arg in command if arg.startswith(("--config=", "-c="))]
     given += [command[i + 1] for i, arg in enumerate(command[:-1]) if arg in ("--config", "-c")]
-    for path in [*map(str, DEFAULT_CONFIGS), *given]:
+    return [*map(str, DEFAULT_CONFIGS), *given]
+
+
+def text_of(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def yaml_syntax_error() -> str | None:
+    """The config file, line and problem of the YAML that does not parse, among the default configs
+    and those given with --config."""
+    for path in given_configs():
         try:
-            yaml.safe_load(Path(path).read_text())
-        except (OSError, UnicodeDecodeError):
-            continue
+            yaml.safe_load(text_of(path))
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -236,7 +268,7 @@ class ClassifierCLI(LightningCLI):
             raise DataError(
                 f"{error.folder} has no class folders, and predict runs a checkpoint over a dataset laid out in "
                 f"them (its test/ or validation images). For a folder of unlabelled images: "
-                f"python -m {__spec__.parent} classify {error.folder} --checkpoint <file.ckpt>"
+                f"python -m {PACKAGE} classify {error.folder} --checkpoint <file.ckpt>"
             ) from error
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -337,7 +369,7 @@ def run_command(command: list[str], args: list[str] | None) -> None:
     GIVEN[:] = command  # for the messages of parse errors, which see no arguments
     if command[:1] and command[0] in TOOLS:
         module, _, function = TOOLS[command[0]].partition(":")
-        sys.exit(getattr(importlib.import_module(f".{module}", __spec__.parent), function or "main")(command[1:]))
+        sys.exit(getattr(importlib.import_module(f".commands.{module}", PACKAGE), function or "main")(command[1:]))
     defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())

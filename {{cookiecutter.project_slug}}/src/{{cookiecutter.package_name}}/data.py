@@ -18,11 +18,19 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
-from . import shapes, sigterm
+from .datasets import shapes
+from .datasets.images import ImageFiles, collate_readable
+from .datasets.sampling import (
+    ClassBalancedSampler,
+    EpochSampler,
+    changed_settings,
+    epoch_restarts,
+    imbalance_warning,
+    run_seed,
+)
 from .errors import ConfigError, DataError, MissingError
-from .images import ImageFiles, collate_readable
-from .sampling import ClassBalancedSampler, EpochSampler, changed_settings, epoch_restarts, imbalance_warning, run_seed
-from .sharding import shards_weights
+from .hardware.sharding import shards_weights
+from .training import sigterm
 from .transforms import Augment, Interpolation, Preprocessing, resolve_preprocessing, train_transform
 
 # Where data.synthetic draws the built-in shapes: data_dir's default. Elsewhere, a data_dir that
@@ -400,14 +408,14 @@ class ImageDataModule(L.LightningDataModule):
 {% if cookiecutter.streaming == "yes" -%}
 class StreamingDataModule(ImageDataModule):
     """What ImageDataModule becomes for data.format streaming: the splits, classes and loaders of the
-    sharded dataset at data_dir (streaming.py, imported only here: LitData is an extra). LitData
+    sharded dataset at data_dir (datasets/streaming.py, imported only here: LitData is an extra). LitData
     shuffles by the seed and the epoch, and gives each process and worker its share (no sampler)."""
 
     data_format = "streaming"
 
     @property
     def loader_class(self) -> type[DataLoader]:
-        from .streaming import StreamingLoader
+        from .datasets.streaming import StreamingLoader
 
         return StreamingLoader
 
@@ -420,7 +428,7 @@ class StreamingDataModule(ImageDataModule):
     @functools.cached_property
     def manifest(self) -> dict:
         """The classes and splits of the sharded dataset."""
-        from .streaming import read_manifest
+        from .datasets.streaming import read_manifest
 
         return read_manifest(self.hparams.data_dir)
 
@@ -432,7 +440,7 @@ class StreamingDataModule(ImageDataModule):
         """Sharded data is made by `shard`, never drawn here."""
 
     def _make_splits(self) -> None:
-        from .streaming import ShardedImages
+        from .datasets.streaming import ShardedImages
 
         options, splits = self.hparams, self.manifest["splits"]  # the manifest first: a missing one is named
 
@@ -449,7 +457,7 @@ class StreamingDataModule(ImageDataModule):
         return self.manifest["splits"]["train"]["class_counts"]
 
     def train_dataloader(self) -> DataLoader:
-        from .streaming import resume_position
+        from .datasets.streaming import resume_position
 
         position, self._epoch_position = self._epoch_position, None
         loader = self._loader(self.train_set, drop_last=self._drop_last(sum(self.train_class_counts())))
@@ -529,7 +537,7 @@ def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
     """The preprocessing a checkpoint's weights were trained with (for classify, export{{ ", serving" if cookiecutter.serving == "yes" }})."""
     image_size = checkpoint.get("datamodule_hyper_parameters", {}).get("image_size", {{ cookiecutter.image_size }})
     # The data module's state, which Lightning files under the module's class name, and so under
-    # another one for a subclass ({{ "streaming.py's, or yours" if cookiecutter.streaming == "yes" else "yours" }}).
+    # another one for a subclass ({{ "datasets/streaming.py's, or yours" if cookiecutter.streaming == "yes" else "yours" }}).
     states = [value for value in checkpoint.values() if isinstance(value, dict) and "preprocessing" in value]
     return saved_preprocessing(states[0] if states else {}, image_size)
 

@@ -8,6 +8,8 @@ Each class is also the built-in error it stands for, for code that catches that.
 import difflib
 import os
 
+# The import name, which every command line starts with (python -m PACKAGE ...), from any module.
+PACKAGE = __spec__.parent
 TRACEBACK_VARIABLE = "{{ cookiecutter.package_name | upper }}_TRACEBACK"
 
 

@@ -16,15 +16,15 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from . import random_state
 from .backbone import build_backbone, check_image_size, head_names
-from .batch_mixing import BatchMixing
+from .datasets.sampling import run_seed
 from .errors import ConfigError, DataError
-from .metrics import MeanPerImage, classification_metrics
-from .reports import write_report
-from .run_folders import mark_finished, mark_unfinished
-from .sampling import run_seed
-from .sharding import cast_buffers_with_parameters, fully_shard_blocks, shards_weights, share_buffers
+from .hardware.sharding import cast_buffers_with_parameters, fully_shard_blocks, shards_weights, share_buffers
+from .training import random_state
+from .training.batch_mixing import BatchMixing
+from .training.metrics import MeanPerImage, classification_metrics
+from .training.reports import write_report
+from .training.run_folders import mark_finished, mark_unfinished
 
 
 class ImageClassifier(L.LightningModule):
@@ -136,7 +136,7 @@ class ImageClassifier(L.LightningModule):
         self.loss_weights: torch.Tensor | None = None
         # The parameter groups of a checkpoint's optimizer, to refuse one this model's cannot load.
         self._saved_group_count: int | None = None
-        self._resumed_random_state: dict | None = None  # a checkpoint's (random_state.py), for on_train_start
+        self._resumed_random_state: dict | None = None  # a checkpoint's (training/random_state.py), for on_train_start
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = classification_metrics(num_classes, "train/")
         self.val_metrics = classification_metrics(num_classes, "val/")

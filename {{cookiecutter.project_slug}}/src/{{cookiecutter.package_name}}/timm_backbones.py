@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 from torch import nn
 
 from .errors import ConfigError, MissingError, closest
-from .network import reachable
+from .hardware.network import reachable
 
 PREFIX = "timm/"
 

@@ -13,11 +13,12 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from .hardware import machine_of
-from .hardware_rules import from_trainer, runnable
-from .run_folders import newest_run
+from ..errors import PACKAGE
+from ..hardware.checks import machine_of
+from ..hardware.rules import from_trainer, runnable
+from ..training.run_folders import newest_run
 
-CLI = [sys.executable, "-m", __spec__.parent]
+CLI = [sys.executable, "-m", PACKAGE]
 RUNS = Path("runs") / "smoke-test"
 LOG = RUNS / "smoke.log"
 

@@ -12,9 +12,9 @@ import os
 import time
 from pathlib import Path
 
-from .data import ImageDataModule, find_classes, split_samples, train_folder, usable_cpus
-from .errors import ConfigError, MissingError
-from .streaming import check_storage, delete_manifest, is_remote, join, write_manifest, write_split
+from ..data import ImageDataModule, find_classes, split_samples, train_folder, usable_cpus
+from ..datasets.streaming import check_storage, delete_manifest, is_remote, join, write_manifest, write_split
+from ..errors import PACKAGE, ConfigError, MissingError
 
 
 def encoded_sample(sample: tuple[str, int, str]) -> dict:
@@ -49,7 +49,7 @@ def shard(images: Path, output: str, val_fraction: float, split_seed: int, worke
 
 def main(args: list[str]) -> int:
     defaults = inspect.signature(ImageDataModule).parameters
-    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} shard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{PACKAGE} shard", description=__doc__.splitlines()[0])
     parser.add_argument("images", type=Path, help="the image folder, as --data.data_dir reads it")
     parser.add_argument("output", help="a folder, or a remote URL such as s3://bucket/prefix")
     parser.add_argument("--val_fraction", type=float, default=defaults["val_fraction"].default,

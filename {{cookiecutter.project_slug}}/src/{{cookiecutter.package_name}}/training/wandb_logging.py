@@ -11,8 +11,9 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from ..errors import PACKAGE
+from ..hardware.network import reachable
 from .csv_logging import AppendingExperimentWriter
-from .network import reachable
 
 
 def go_offline_unless_reachable() -> None:
@@ -110,7 +111,7 @@ class BestModelWandbLogger(WandbLogger):
             # Lightning skips folders without a word: the run would end with no model uploaded.
             rank_zero_warn(
                 f"W&B log_model={self._log_model}: this strategy's checkpoints are folders of shards, which W&B's "
-                f"logger does not upload. Make one a file with `python -m {__spec__.parent} consolidate` "
+                f"logger does not upload. Make one a file with `python -m {PACKAGE} consolidate` "
                 "and upload that with `wandb artifact put`."
             )
         super().after_save_checkpoint(checkpoint_callback)

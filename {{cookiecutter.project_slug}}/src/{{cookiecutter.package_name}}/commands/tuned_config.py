@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from ..errors import PACKAGE
+
 TUNED_CONFIG = Path("configs/tuned.yaml")
 
 
@@ -22,6 +24,6 @@ def update_tuned_config(key: str, value, how: str) -> None:
         section = section.setdefault(group, {})
     section[name] = value
     notes.append(f"# {key}: {how}; on {platform.node()}, {date.today()}")
-    header = f"# Measured on this machine. Use with: python -m {__spec__.parent} fit --config {TUNED_CONFIG}"
+    header = f"# Measured on this machine. Use with: python -m {PACKAGE} fit --config {TUNED_CONFIG}"
     TUNED_CONFIG.parent.mkdir(parents=True, exist_ok=True)
     TUNED_CONFIG.write_text("\n".join([header, *notes]) + "\n" + yaml.safe_dump(tuned, sort_keys=True))

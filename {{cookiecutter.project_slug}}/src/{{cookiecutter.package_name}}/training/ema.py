@@ -5,8 +5,8 @@ import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from torch.optim.swa_utils import AveragedModel
 
-from .errors import ConfigError
-from .sharding import shards_weights
+from ..errors import ConfigError
+from ..hardware.sharding import shards_weights
 
 
 class WarmedUpEMA:

@@ -19,7 +19,8 @@ import numpy as np
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.tuner import Tuner
 
-from .cli import build
+from ..cli import build
+from ..errors import PACKAGE
 from .tuned_config import TUNED_CONFIG, update_tuned_config
 
 LR_CURVE = Path("runs/tune/lr_find.png")
@@ -107,7 +108,7 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
         how += f", then a val/loss of {loss:.4f} after {epochs} epochs against {loss_now:.4f} at {now:.3g}"
     update_tuned_config("model.lr", lr, how)
     print(f"Learning rate: model.lr {lr:.3g} at base batch {model.hparams.base_batch_size}, {where}; curve: {LR_CURVE}")
-    print(f"Written to {TUNED_CONFIG}: python -m {__spec__.parent} fit --config {TUNED_CONFIG}")
+    print(f"Written to {TUNED_CONFIG}: python -m {PACKAGE} fit --config {TUNED_CONFIG}")
     return 0
 
 
@@ -136,7 +137,7 @@ def find_batch_size(cli, max_trials: int) -> int:
     if isinstance(trainer.accelerator, CPUAccelerator):
         print(
             "tune batch_size looks for the largest batch that fits in a GPU's memory; on the CPU there is no "
-            f"such limit to find. Pick data.batch_size by speed: python -m {__spec__.parent} benchmark train"
+            f"such limit to find. Pick data.batch_size by speed: python -m {PACKAGE} benchmark train"
         )
         return 1
     data.setup("fit")
@@ -175,7 +176,7 @@ def find_batch_size(cli, max_trials: int) -> int:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} tune", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{PACKAGE} tune", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["lr", "batch_size"])
     parser.add_argument("--steps", type=int, default=200, help="lr: steps of the range test (%(default)s)")
     parser.add_argument(

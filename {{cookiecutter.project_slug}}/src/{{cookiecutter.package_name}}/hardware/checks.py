@@ -2,7 +2,7 @@
 data is built.
 
 Lightning would otherwise stop with a long traceback after building everything, or (16-mixed on a
-CPU) run on in slow float16 emulation. The rules themselves are in hardware_rules.py.
+CPU) run on in slow float16 emulation. The rules themselves are in rules.py.
 """
 
 import platform
@@ -11,9 +11,9 @@ from importlib.util import find_spec
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from .data import usable_cpus
-from .errors import UserError
-from .hardware_rules import Machine, fastest_precision, from_trainer, problems
+from ..data import usable_cpus
+from ..errors import UserError
+from .rules import Machine, fastest_precision, from_trainer, problems
 
 
 class HardwareError(UserError, RuntimeError):

@@ -17,7 +17,7 @@ from lightning.fabric.utilities.load import _load_distributed_checkpoint
 from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
 from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-from .errors import DataError
+from ..errors import PACKAGE, DataError
 
 
 def consolidate(folder: Path, output: Path) -> None:
@@ -37,7 +37,7 @@ def consolidate(folder: Path, output: Path) -> None:
 
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog=f"{__spec__.parent} consolidate", description=__doc__.splitlines()[0].split(": ", 1)[1]
+        prog=f"{PACKAGE} consolidate", description=__doc__.splitlines()[0].split(": ", 1)[1]
     )
     parser.add_argument("checkpoint", type=Path, help="a checkpoint folder, such as .../checkpoints/last.ckpt")
     parser.add_argument("output", type=Path, help="the single checkpoint file to write")

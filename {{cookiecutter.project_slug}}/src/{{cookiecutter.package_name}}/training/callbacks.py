@@ -16,7 +16,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .errors import ConfigError, UserError
+from ..errors import ConfigError, UserError
 from .resume import resume_command
 
 

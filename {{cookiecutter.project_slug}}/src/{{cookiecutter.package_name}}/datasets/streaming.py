@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torchvision.transforms import v2
 
-from .errors import ConfigError, MissingError
+from ..errors import ConfigError, MissingError
 from .images import labelled_image
 from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
 

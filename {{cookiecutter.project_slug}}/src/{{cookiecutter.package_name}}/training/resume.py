@@ -20,7 +20,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
-from .errors import ConfigError, DataError, MissingError
+from ..errors import PACKAGE, ConfigError, DataError, MissingError
 from .run_folders import finished, last_checkpoints
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
@@ -131,14 +131,14 @@ def resume_command(argv: list[str] | None = None) -> str:
     """The command that continues this run: the fit it was started with, with --ckpt_path auto."""
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] != ["fit"]:
-        return f"python -m {__spec__.parent} fit <the same options> --ckpt_path auto"
+        return f"python -m {PACKAGE} fit <the same options> --ckpt_path auto"
     kept = []
     for arg in given:
         if kept and kept[-1] == "--ckpt_path":
             kept.pop()  # and its value
         elif not arg.startswith("--ckpt_path="):
             kept.append(arg)
-    return shlex.join(["python", "-m", __spec__.parent, *kept, "--ckpt_path", "auto"])
+    return shlex.join(["python", "-m", PACKAGE, *kept, "--ckpt_path", "auto"])
 
 
 def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
+from ..data import checkpoint_preprocessing
+from ..datasets.images import read_rgb
+from ..errors import PACKAGE, MissingError
+from ..model import ImageClassifier
+from ..transforms import Preprocessing
 from .classify import image_files
-from .data import checkpoint_preprocessing
-from .errors import MissingError
-from .images import read_rgb
-from .model import ImageClassifier
 from .predictor import ONNX_PREPROCESSING_KEY, ServedClassifier, saved_state
-from .transforms import Preprocessing
 
 # Exported and PyTorch probabilities may differ by float rounding, never by more than this.
 TOLERANCE = 1e-4
@@ -78,7 +78,7 @@ def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Pa
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{PACKAGE} export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a single-file checkpoint")
     parser.add_argument("--format", choices=["onnx", "pt2"], default="onnx")
     parser.add_argument("--output", type=Path, help="default: the checkpoint's name with .onnx or .pt2")

@@ -29,13 +29,13 @@ import numpy as np
 import torch
 from starlette.concurrency import run_in_threadpool
 
-from . import sigterm
-from .errors import ConfigError
+from ..errors import PACKAGE, ConfigError
+from ..training import sigterm
+from ..training.predictions import top_classes
+from ..training.resume import check_checkpoint
+from ..training.run_folders import best_checkpoint
 from .image_requests import BadImageRequest, Limits, image_bytes, read_body
-from .predictions import top_classes
 from .predictor import Predictor
-from .resume import check_checkpoint
-from .run_folders import best_checkpoint
 
 try:  # the `serve` extra
     import litserve as ls
@@ -211,7 +211,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} serve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{PACKAGE} serve", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a checkpoint or an .onnx export (default: the newest run's best)")
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")
     parser.add_argument("--host", default="127.0.0.1", choices=HOSTS, help="0.0.0.0 to be reached from other machines")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from .callbacks import NonFiniteLossError
-from .errors import ConfigError, UserError
+from ..errors import PACKAGE, ConfigError, UserError
+from ..training.callbacks import NonFiniteLossError
 from .experiment_runs import (
     fit_in_folder,
     monitored_metric,
@@ -254,7 +254,7 @@ def open_study(name: str, storage: str | None, folder: Path, direction: str, pru
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} sweep", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{PACKAGE} sweep", description=__doc__.splitlines()[0])
     parser.add_argument("space", type=Path, help="the search space, a YAML file (configs/sweep.yaml shows one)")
     parser.add_argument(
         "--trials", type=int, default=20, help="trials to run in all, by every process of the study (%(default)s)"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError, MissingError
+from ..errors import ConfigError, MissingError
 
 FINISHED = "finished.json"
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from .data import image_files_under
-from .errors import MissingError
-from .images import UnreadableImageError
-from .predictions import csv_header, csv_row, top_classes
+from ..data import image_files_under
+from ..datasets.images import UnreadableImageError
+from ..errors import PACKAGE, MissingError
+from ..training.predictions import csv_header, csv_row, top_classes
+from ..training.resume import check_checkpoint
+from ..training.run_folders import best_checkpoint
 from .predictor import Predictor
-from .resume import check_checkpoint
-from .run_folders import best_checkpoint
 
 
 def image_files(inputs: list[Path]) -> list[Path]:
@@ -54,7 +54,7 @@ def classify(predictor: Predictor, paths: list[Path], batch_size: int, top_k: in
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} classify", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{PACKAGE} classify", description=__doc__.splitlines()[0])
     parser.add_argument("images", type=Path, nargs="+", help="image files or folders")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint file (default: the newest run's best)")
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from .cli import build, finish_wandb_run, resolved_config
-from .errors import ConfigError
+from ..cli import build, finish_wandb_run, resolved_config
+from ..errors import PACKAGE, ConfigError
 
 # In the copies that --gpus-per-trial starts: each is one of them, and starts none.
 WORKER_VARIABLE = "{{ cookiecutter.package_name | upper }}_EXPERIMENT_WORKER"
@@ -80,7 +80,7 @@ def run_per_gpu(command: str, args: list[str], gpus: list[str]) -> int:
         raise ConfigError(
             "--gpus-per-trial 1 runs one copy per GPU, and none is visible: leave it out to run on the CPU."
         )
-    module = [sys.executable, "-m", __spec__.parent, command, *args]
+    module = [sys.executable, "-m", PACKAGE, command, *args]
     copies = [
         subprocess.Popen(
             module, env=os.environ | {"CUDA_VISIBLE_DEVICES": gpu, WORKER_VARIABLE: f"{index}/{len(gpus)}"}

@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from .errors import ConfigError
-from .sampling import draw_seed, seeded_draws
+from ..datasets.sampling import draw_seed, seeded_draws
+from ..errors import ConfigError
 
 
 class BatchMixing:

@@ -11,14 +11,15 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cli import resolved_config
-from .data import auto_workers
-from .hardware import machine_facts, machine_of
-from .hardware_rules import from_trainer, problems, target
-from .smoke_test import smoke_test
+from ..cli import resolved_config
+from ..data import auto_workers
+from ..errors import PACKAGE
+from ..hardware.checks import machine_facts, machine_of
+from ..hardware.rules import from_trainer, problems, target
 {%- if cookiecutter.logger == "wandb" %}
-from .wandb_logging import has_api_key
+from ..training.wandb_logging import has_api_key
 {%- endif %}
+from .smoke_test import smoke_test
 
 
 @dataclass
@@ -113,7 +114,7 @@ def wandb_check() -> Check:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} doctor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{PACKAGE} doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", type=Path, default=[],
                         help="config files over the CLI's own, as fit takes them")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the machine and the checks as JSON")

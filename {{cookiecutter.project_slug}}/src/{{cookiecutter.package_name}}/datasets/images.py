@@ -13,7 +13,7 @@ from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from .errors import DataError
+from ..errors import DataError
 from .sampling import seeded_draws
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data import checkpoint_preprocessing
-from .errors import ConfigError, DataError, MissingError
-from .images import read_rgb
-from .model import ImageClassifier
-from .transforms import Preprocessing
+from ..data import checkpoint_preprocessing
+from ..datasets.images import read_rgb
+from ..errors import ConfigError, DataError, MissingError
+from ..model import ImageClassifier
+from ..transforms import Preprocessing
 
 # The ONNX metadata key of the preprocessing settings, as Preprocessing.as_dict gives them.
 ONNX_PREPROCESSING_KEY = "preprocessing_settings"

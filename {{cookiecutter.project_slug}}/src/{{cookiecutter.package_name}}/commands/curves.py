@@ -11,8 +11,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from .errors import DataError, MissingError
-from .run_folders import newest_run
+from ..errors import PACKAGE, DataError, MissingError
+from ..training.run_folders import newest_run
 
 PANELS = {
     "loss": ("train/loss_step", "train/loss_epoch", "val/loss"),
@@ -75,7 +75,7 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], output: Path) -> lis
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{PACKAGE} report", description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, nargs="?", help="a run folder (default: the newest training run under runs/)")
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     options = parser.parse_args(args)

@@ -15,10 +15,10 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops, measure_flops
 
-from .cli import build
-from .data import ImageDataModule, auto_workers, usable_cpus
-from .errors import ConfigError
-from .model import ImageClassifier
+from ..cli import build
+from ..data import ImageDataModule, auto_workers, usable_cpus
+from ..errors import PACKAGE, ConfigError
+from ..model import ImageClassifier
 from .tuned_config import TUNED_CONFIG, update_tuned_config
 
 # More workers count as faster only past this margin: timing noise must not add idle processes.
@@ -61,7 +61,7 @@ def benchmark_data(cli_args: list[str], batches: int, counts: list[int] | None) 
             break
     update_tuned_config("data.num_workers", best, f"benchmark data, {speeds[best]:.0f} images/s per device")
     print(f"Best: num_workers {best} ({speeds[best]:.0f} images/s). Written to {TUNED_CONFIG}:")
-    print(f"  python -m {__spec__.parent} fit --config {TUNED_CONFIG}")
+    print(f"  python -m {PACKAGE} fit --config {TUNED_CONFIG}")
 
 
 class StepTimer(L.Callback):
@@ -173,7 +173,7 @@ def worker_counts(text: str) -> list[int]:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{__spec__.parent} benchmark", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"{PACKAGE} benchmark", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["data", "train"])
     parser.add_argument("--batches", type=int, default=30, help="data: batches timed per worker count")
     parser.add_argument(

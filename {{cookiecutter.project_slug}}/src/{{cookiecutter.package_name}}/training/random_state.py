@@ -2,8 +2,8 @@
 the model draws (dropout, stochastic depth, a user's own draws) goes on as in an uninterrupted run.
 
 The data's draws do not come from here: each image and batch draws from a seed of its own
-(sampling.seeded_draws). Under DDP, every process is seeded alike and draws alike, so rank 0's state,
-which is the one saved, is each process's.
+(datasets/sampling.py's seeded_draws). Under DDP, every process is seeded alike and draws alike,
+so rank 0's state, which is the one saved, is each process's.
 """
 
 import random

@@ -39,7 +39,7 @@ def drop_advertising(record: logging.LogRecord) -> bool:
 
 def drop_uneven_shares_notice(record: logging.LogRecord) -> bool:
     # LitData's notice that evaluation shares differ between processes, which is how every image counts
-    # once; under FSDP and DeepSpeed, whose forward needs every process, they are evened out (streaming.py).
+    # once; under FSDP and DeepSpeed, whose forward needs every process, they are evened out (datasets/streaming.py).
     return "have disabled the `drop_last` option" not in record.getMessage()
 {%- endif %}
 {%- if cookiecutter.tuning == "yes" %}

@@ -7,14 +7,15 @@ Each key is a `fit` option; each value a range or a list of choices:
     data.augment: [basic, trivialaugment]               # choices
 """
 
+import contextlib
 import difflib
 from pathlib import Path
 
 import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from .cli import resolved_config
-from .errors import ConfigError, MissingError
+from ..cli import resolved_config
+from ..errors import ConfigError, MissingError
 from .experiment_runs import option
 
 RANGE_KEYS = {"low", "high", "log", "step"}
@@ -65,10 +66,8 @@ def distribution(where: str, values) -> BaseDistribution:
 
 def number(where: str, value) -> int | float:
     if isinstance(value, str):  # YAML reads 1e-4 (no dot) as text
-        try:
+        with contextlib.suppress(ValueError):
             return float(value)
-        except ValueError:
-            pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: low, high and step must be numbers, got {value!r}")
     return value
