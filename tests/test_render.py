@@ -155,14 +155,14 @@ def references_to_absent_modules(project, package: str) -> set[str]:
 
     absent = set()
     for path in [*dotted, *tests.glob("*.py")]:
-        here = dotted.get(path, "").removesuffix(".__init__") if path.name == "__init__.py" else dotted.get(path, "")
+        here = dotted.get(path, "").split(".")  # pkg.sub.module or pkg.sub.__init__: level 1 is pkg.sub
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):  # import <package>.x
                 imported = {alias.name for alias in node.names if alias.name.startswith(f"{package}.")}
             elif not isinstance(node, ast.ImportFrom):
                 continue
             elif node.level:  # from .x import y, from ..x import y, from . import x
-                base = ".".join(here.split(".")[: len(here.split(".")) - node.level + (path.name == "__init__.py")])
+                base = ".".join(here[: len(here) - node.level])
                 module = f"{base}.{node.module}" if node.module else base
                 imported = {f"{module}.{alias.name}" for alias in node.names}
             elif re.fullmatch(rf"{package}(\.\w+)*", node.module or ""):  # from <package>[.x] import y

@@ -13,8 +13,9 @@ from pathlib import Path
 import optuna
 import yaml
 from conftest import ON_CPU, command_env, kill_group, on_data, run_group
-from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
+
+from {{ cookiecutter.package_name }}.commands.sweep import journal_storage
 
 SHORT = [
     "--trainer.max_epochs=2",
@@ -30,8 +31,7 @@ def sweep_command(data: Path, trials: int) -> list[str]:
 
 
 def trials_of(name: str = "space") -> list[optuna.trial.FrozenTrial]:
-    storage = JournalStorage(JournalFileBackend(str(Path("sweeps", name, "journal.log"))))
-    return optuna.load_study(study_name=name, storage=storage).trials
+    return optuna.load_study(study_name=name, storage=journal_storage(Path("sweeps", name))).trials
 
 
 def a_trial_runs() -> bool:

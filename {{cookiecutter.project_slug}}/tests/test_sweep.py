@@ -2,17 +2,22 @@
 configs/tuned.yaml; search spaces checked before any trial. (Processes sharing a study:
 test_parallel_experiments.py.)"""
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from conftest import ON_CPU, on_data, refusal, run_command
+from conftest import ON_CPU, command_env, on_data, refusal, run_command
 from optuna.distributions import CategoricalDistribution
-from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
+from {{ cookiecutter.package_name }}.commands import sweep
 from {{ cookiecutter.package_name }}.commands.search_space import read_search_space
 
 # A few steps per epoch, and no progress bar in the test's output.
@@ -24,8 +29,7 @@ def sweep_options(data: Path, *more: str) -> list[str]:
 
 
 def study(name: str) -> optuna.Study:
-    storage = JournalStorage(JournalFileBackend(str(Path("sweeps", name, "journal.log"))))
-    return optuna.load_study(study_name=name, storage=storage)
+    return optuna.load_study(study_name=name, storage=sweep.journal_storage(Path("sweeps", name)))
 
 
 def best_checkpoint_acc(folder: Path) -> float:
@@ -66,7 +70,7 @@ def test_a_sweep_trains_each_trial_in_its_folder_and_keeps_the_best_options(
 def test_a_trial_behind_the_median_is_pruned_after_its_first_epoch(monkeypatch, in_project_copy, tiny_shapes):
     # A finished trial that scored 1.0 at every epoch: a new trial's first epoch falls below it.
     Path("sweeps/pruned").mkdir(parents=True)
-    storage = JournalStorage(JournalFileBackend("sweeps/pruned/journal.log"))
+    storage = sweep.journal_storage(Path("sweeps/pruned"))
     earlier = optuna.create_study(study_name="pruned", storage=storage, direction="maximize")
     lr = CategoricalDistribution([0.003])
     earlier.add_trial(optuna.trial.create_trial(params={"model.lr": 0.003}, distributions={"model.lr": lr}, value=1.0,
@@ -91,6 +95,39 @@ def test_a_diverging_trial_counts_as_pruned_and_the_sweep_writes_nothing(
     assert trial.state == TrialState.PRUNED
     assert "Trial 0 diverged" in capsys.readouterr().out
     assert not Path("configs/tuned.yaml").exists()
+
+
+# A sweep process that SIGKILLs itself while it holds the journal's lock, as a killed node does.
+KILLED_WHILE_WRITING = """
+import os, signal, sys, threading
+from pathlib import Path
+from {{ cookiecutter.package_name }}.commands.sweep import open_study
+folder = Path(sys.argv[1])
+study = open_study("space", None, folder, "maximize", None)
+def kill_while_locked():
+    while not os.path.lexists(folder / "journal.log.lock"):
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+threading.Thread(target=kill_while_locked, daemon=True).start()
+while True:
+    study.set_user_attr("alive_at", 0)
+"""
+
+
+def test_the_lock_of_a_sweep_killed_while_writing_is_broken_by_the_next_sweep(monkeypatch, in_project_copy):
+    folder = Path("sweeps/space")
+    folder.mkdir(parents=True)
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, str(folder)], timeout=120, env=command_env())
+    assert killed.returncode == -signal.SIGKILL and os.path.lexists(folder / "journal.log.lock")
+    monkeypatch.setattr(sweep, "STALE_LOCK_SECONDS", 3)
+    opened = []
+    # In a thread, as a lock never broken would hang the test.
+    opening = threading.Thread(target=lambda: opened.append(sweep.open_study("space", None, folder, "maximize", None)))
+    opening.daemon = True
+    opening.start()
+    opening.join(timeout=60)
+    assert opened, "the next sweep still waits for the lock of the killed one"
+    assert opened[0].ask().number == 0  # and it writes to the journal
 
 
 @pytest.mark.parametrize(

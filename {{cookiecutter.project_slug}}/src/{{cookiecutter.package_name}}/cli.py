@@ -151,14 +151,15 @@ def condensed(message: str) -> str:
 def moved_names(text: str) -> list[tuple[str, str]]:
     """(old, new) dotted paths of this package's classes and functions that `text` names in a module the
     package no longer has, found by their definition in the package's source."""
-    package, moved = Path(__file__).parent, []
+    package, sources, moved = Path(__file__).parent, {}, []
     for old in dict.fromkeys(re.findall(rf"\b{PACKAGE}(?:\.\w+)+", text)):
         module, _, name = old.rpartition(".")
         with contextlib.suppress(ModuleNotFoundError):  # a parent that is missing too
             if find_spec(module) is not None:
                 continue
+        sources = sources or {path: path.read_text() for path in sorted(package.rglob("*.py"))}
         defines = re.compile(rf"^(class|def) {name}\b", re.MULTILINE)
-        homes = [path for path in sorted(package.rglob("*.py")) if defines.search(path.read_text())]
+        homes = [path for path, source in sources.items() if defines.search(source)]
         if len(homes) == 1:
             moved.append((old, ".".join((PACKAGE, *homes[0].relative_to(package).with_suffix("").parts, name))))
     return moved

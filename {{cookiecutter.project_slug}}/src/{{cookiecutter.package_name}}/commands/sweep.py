@@ -50,6 +50,8 @@ SWEEPS = Path("sweeps")
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
 # A trial whose process failed with an error that is not the user's: this many in a row end the sweep.
 MAX_FAILURES = 3
+# A lock file unchanged for this long was left by a killed process, and the next one to wait breaks it.
+STALE_LOCK_SECONDS = 30
 
 
 class Heartbeat:
@@ -112,7 +114,7 @@ class SweepLock:
     lock, which works on network file systems (NFS 3 and later)."""
 
     def __init__(self, folder: Path) -> None:
-        self.lock = JournalFileOpenLock(str(folder / "trials"))
+        self.lock = JournalFileOpenLock(str(folder / "trials"), grace_period=STALE_LOCK_SECONDS)
 
     def __enter__(self) -> None:
         self.lock.acquire()
@@ -235,9 +237,17 @@ def summarise(study, folder: Path, monitor: str) -> int:
     return 0
 
 
+def journal_storage(folder: Path) -> JournalStorage:
+    path = str(folder / "journal.log")
+    # Not Optuna's default lock, a symbolic link to this relative path: it dangles, and a lock left by
+    # a process killed while writing could never be found stale, so the next sweep would wait forever.
+    lock = JournalFileOpenLock(path, grace_period=STALE_LOCK_SECONDS)
+    return JournalStorage(JournalFileBackend(path, lock_obj=lock))
+
+
 def open_study(name: str, storage: str | None, folder: Path, direction: str, pruner):
     if storage is None:
-        storage = JournalStorage(JournalFileBackend(str(folder / "journal.log")))
+        storage = journal_storage(folder)
     sampler = optuna.samplers.TPESampler(constant_liar=True)  # parallel trials spread out instead of piling up
     try:
         study = optuna.create_study(
