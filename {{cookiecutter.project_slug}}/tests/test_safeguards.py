@@ -1,8 +1,13 @@
 """Failures that stop a run say where and why, and never cost the last good checkpoint or hang."""
 
 import json
+import os
 import pickle
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -73,3 +78,47 @@ def test_every_trainer_has_the_launcher_watch_and_can_be_pickled(monkeypatch, in
     assert copy._launcher is None  # a copy in another process watches nothing
     watch.teardown(trainer, None, "fit")
     assert watch._done.is_set()
+
+
+# A command (here the owner) whose helper, once it leaves SIGTERMs to the owner, prints its pid.
+OWNER_OF_A_HELPER = """
+import multiprocessing, os, time
+from {{ cookiecutter.package_name }}.training import sigterm
+
+def helper(owner):
+    sigterm.leave_to(owner)
+    print(os.getpid(), flush=True)
+    time.sleep(600)
+
+if __name__ == "__main__":
+    multiprocessing.get_context("fork").Process(target=helper, args=(os.getpid(),)).start()
+    time.sleep(600)
+"""
+
+
+def ended(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    return not status.exists() or "\nState:\tZ" in status.read_text()  # gone, or a zombie no one reaps
+
+
+@pytest.mark.skipif(not hasattr(signal, "sigwaitinfo"), reason="helpers leave SIGTERMs to their owner on Linux only")
+def test_a_helper_whose_owner_was_killed_outright_ends_on_sigterm(tmp_path):
+    # A server killed with SIGKILL leaves its model worker holding the GPU: a plain `kill` must end it.
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_OF_A_HELPER], stdout=subprocess.PIPE, text=True,
+                             cwd=tmp_path, env=command_env())  # fmt: skip
+    helper = int(owner.stdout.readline())
+    try:
+        os.kill(helper, signal.SIGTERM)  # from the test, while the owner lives: left to the owner
+        time.sleep(1)
+        assert not ended(helper)
+        owner.kill()
+        owner.wait()
+        os.kill(helper, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not ended(helper) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ended(helper), "the helper outlived its owner and ignored SIGTERM"
+    finally:
+        owner.kill()
+        if not ended(helper):
+            os.kill(helper, signal.SIGKILL)

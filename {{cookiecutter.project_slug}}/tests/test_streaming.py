@@ -4,7 +4,9 @@ from an S3-compatible store. Exact and preempted resumes of streaming runs: test
 import csv
 import json
 import pickle
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -144,6 +146,23 @@ def test_shard_prints_its_own_lines_only(monkeypatch, capsys, tiny_shapes, tmp_p
     # Not LitData's status lines and its advert for its cloud ("Create an account on https://lightning.ai/").
     assert [line.split(":")[0] for line in printed[:-1]] == ["train", "val", "test"], printed
     assert printed[-1].startswith("Sharded 120 images of 6 classes")
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs a second file system: /dev/shm")
+def test_shard_writes_to_another_file_system_than_the_temporary_folders(monkeypatch, capsys, tiny_shapes, tmp_path):
+    # /tmp is often a tmpfs and the data disk not: nothing written in one can be renamed into the other.
+    if Path("/dev/shm").stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("/dev/shm is on the same file system as the test's folder")
+    elsewhere = tempfile.mkdtemp(dir="/dev/shm")
+    monkeypatch.setattr(tempfile, "tempdir", elsewhere)
+    try:
+        shard(monkeypatch, tiny_shapes, tmp_path / "shards")
+    finally:
+        shutil.rmtree(elsewhere)
+    assert capsys.readouterr().out.splitlines()[-1].startswith("Sharded 120 images of 6 classes")
+    assert ImageDataModule(tmp_path / "shards", format="streaming").class_names == sorted(
+        path.name for path in (tiny_shapes / "train").iterdir()
+    )
 
 
 def test_a_folder_that_is_no_dataset_is_refused_in_one_line(monkeypatch, capsys, tmp_path):

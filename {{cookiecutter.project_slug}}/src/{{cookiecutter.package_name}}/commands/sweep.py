@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 
 from ..errors import PACKAGE, ConfigError, UserError
 from ..training.callbacks import NonFiniteLossError
+from ..training.sigterm import process_alive
 from .experiment_runs import (
     fit_in_folder,
     monitored_metric,
@@ -79,20 +80,12 @@ class Heartbeat:
         self.thread.join()
 
 
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
 def abandoned(trial: FrozenTrial, stale_after: float) -> bool:
     """A running trial whose process is gone: not on this host any more, or silent for too long."""
     attrs = trial.user_attrs
-    if attrs.get("host") == socket.gethostname() and "pid" in attrs and not process_alive(attrs["pid"]):
+    # This process runs no trial while it looks: one under its own pid is a restarted container's.
+    here = attrs.get("host") == socket.gethostname() and "pid" in attrs
+    if here and (attrs["pid"] == os.getpid() or not process_alive(attrs["pid"])):
         return True
     return time.time() - attrs.get("alive_at", trial.datetime_start.timestamp()) > stale_after
 

@@ -127,13 +127,16 @@ def unfinished(location: str) -> str:
 
 
 def write_manifest(location: str, manifest: dict) -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        local = Path(folder) / MANIFEST
-        local.write_text(json.dumps(manifest, indent=1))
-        if is_remote(location):
-            _get_fs_provider(location).upload_file(str(local), join(location, MANIFEST))
-        else:
-            os.replace(local, Path(location) / MANIFEST)
+    text = json.dumps(manifest, indent=1)
+    if is_remote(location):
+        with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / MANIFEST).write_text(text)
+            _get_fs_provider(location).upload_file(str(Path(folder) / MANIFEST), join(location, MANIFEST))
+    else:
+        # Written beside its place, not in /tmp: a file cannot be renamed onto another file system.
+        partial = Path(location) / f".{MANIFEST}.partial"
+        partial.write_text(text)
+        os.replace(partial, Path(location) / MANIFEST)
 
 
 def write_split(encode: Callable[[Any], dict], inputs: list, location: str, workers: int, chunk_bytes: str) -> None:

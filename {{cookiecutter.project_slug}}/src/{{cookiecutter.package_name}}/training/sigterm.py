@@ -10,7 +10,7 @@ import threading
 
 def leave_to(owner: int) -> None:
     """In a helper process: a SIGTERM from `owner` still ends it (through the handler it sets, or at
-    once), and one from anyone else is left to `owner`. Linux only: elsewhere helpers start by spawn
+    once), and one from anyone else is left to `owner` while it lives. Linux only: elsewhere helpers start by spawn
     and keep the default."""
     if not hasattr(signal, "sigwaitinfo"):
         return
@@ -19,9 +19,21 @@ def leave_to(owner: int) -> None:
     threading.Thread(target=_end_on_sigterm_from, args=(owner,), name="sigterm-watch", daemon=True).start()
 
 
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def _end_on_sigterm_from(owner: int) -> None:
-    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != owner:
-        pass  # taken and dropped: the owner has the same signal, and ends this process when it is ready
+    # Another's SIGTERM is taken and dropped: the owner has the same signal, and ends this process
+    # when it is ready. Unless the owner was killed outright: then nothing else would end it.
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != owner and process_alive(owner):
+        pass
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         os._exit(0)  # status 0: a DataLoader counts a worker killed by a signal as a crash
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # this thread's mask only
