@@ -236,6 +236,15 @@ def test_checkpoints_are_renamed_into_place_from_the_same_folder(monkeypatch, tm
     ((source, target),) = renames
     assert Path(source).parent == Path(target).parent == tmp_path / "runs"
     assert torch.load(target, weights_only=True) == {"step": 1}
+
+
+def test_the_staging_files_of_a_process_killed_while_saving_go_with_the_next_save(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for left in (".last.ckpt.4242.tmp", ".epoch=0-step=2-acc0.5000.ckpt.4242.tmp"):
+        (folder / left).write_bytes(b"the first half of a checkpoint")
+    checkpoint_io.AtomicCheckpointIO().save_checkpoint({"step": 3}, folder / "last.ckpt")
+    assert sorted(path.name for path in folder.iterdir()) == ["last.ckpt"]
 {%- if cookiecutter.logger == "csv" %}
 
 

@@ -1,6 +1,7 @@
 """Checkpoint files that are either the old one or the new one, never half of one."""
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Left by a process killed while it saved (its `finally` never ran), each as large as a checkpoint.
+        for stale in path.parent.glob(".*.tmp"):
+            if re.fullmatch(r"\..+\.\d+\.tmp", stale.name):
+                stale.unlink(missing_ok=True)
         staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             with staging.open("wb") as file:
