@@ -241,10 +241,14 @@ def test_checkpoints_are_renamed_into_place_from_the_same_folder(monkeypatch, tm
 def test_the_staging_files_of_a_process_killed_while_saving_go_with_the_next_save(tmp_path):
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    for left in (".last.ckpt.4242.tmp", ".epoch=0-step=2-acc0.5000.ckpt.4242.tmp"):
+    for left in (".last.ckpt.4242.tmp", ".epoch=0-step=2-acc0.5000.ckpt.4242.tmp", ".last.ckpt.4343.tmp"):
         (folder / left).write_bytes(b"the first half of a checkpoint")
+    two_hours_ago = time.time() - 7200
+    for left in (".last.ckpt.4242.tmp", ".epoch=0-step=2-acc0.5000.ckpt.4242.tmp"):
+        os.utime(folder / left, (two_hours_ago, two_hours_ago))
     checkpoint_io.AtomicCheckpointIO().save_checkpoint({"step": 3}, folder / "last.ckpt")
-    assert sorted(path.name for path in folder.iterdir()) == ["last.ckpt"]
+    # The one written to a moment ago may be another run's, still saving: it stays.
+    assert sorted(path.name for path in folder.iterdir()) == [".last.ckpt.4343.tmp", "last.ckpt"]
 {%- if cookiecutter.logger == "csv" %}
 
 

@@ -83,9 +83,7 @@ class Heartbeat:
 def abandoned(trial: FrozenTrial, stale_after: float) -> bool:
     """A running trial whose process is gone: not on this host any more, or silent for too long."""
     attrs = trial.user_attrs
-    # This process runs no trial while it looks: one under its own pid is a restarted container's.
-    here = attrs.get("host") == socket.gethostname() and "pid" in attrs
-    if here and (attrs["pid"] == os.getpid() or not process_alive(attrs["pid"])):
+    if attrs.get("host") == socket.gethostname() and "pid" in attrs and not process_alive(attrs["pid"]):
         return True
     return time.time() - attrs.get("alive_at", trial.datetime_start.timestamp()) > stale_after
 

@@ -2,6 +2,7 @@
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Left by a process killed while it saved (its `finally` never ran), each as large as a checkpoint.
+        # Left by a process killed while it saved (its `finally` never ran), each as large as a checkpoint;
+        # one written to within the hour may be another live run's (two runs sharing a folder).
         for stale in path.parent.glob(".*.tmp"):
-            if re.fullmatch(r"\..+\.\d+\.tmp", stale.name):
+            if re.fullmatch(r"\..+\.\d+\.tmp", stale.name) and time.time() - stale.stat().st_mtime > 3600:
                 stale.unlink(missing_ok=True)
         staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

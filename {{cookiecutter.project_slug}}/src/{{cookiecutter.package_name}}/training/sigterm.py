@@ -10,13 +10,14 @@ import threading
 
 def leave_to(owner: int) -> None:
     """In a helper process: a SIGTERM from `owner` still ends it (through the handler it sets, or at
-    once), and one from anyone else is left to `owner` while it lives. Linux only: elsewhere helpers start by spawn
-    and keep the default."""
+    once), and one from anyone else is left to `owner` while it lives. Linux only: elsewhere helpers
+    start by spawn and keep the default."""
     if not hasattr(signal, "sigwaitinfo"):
         return
     # Threads started from here on inherit the mask; one started before would take the signal itself.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(target=_end_on_sigterm_from, args=(owner,), name="sigterm-watch", daemon=True).start()
+    args = (owner, os.getppid())
+    threading.Thread(target=_end_on_sigterm_from, args=args, name="sigterm-watch", daemon=True).start()
 
 
 def process_alive(pid: int) -> bool:
@@ -29,10 +30,11 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def _end_on_sigterm_from(owner: int) -> None:
+def _end_on_sigterm_from(owner: int, parent: int) -> None:
     # Another's SIGTERM is taken and dropped: the owner has the same signal, and ends this process
-    # when it is ready. Unless the owner was killed outright: then nothing else would end it.
-    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != owner and process_alive(owner):
+    # when it is ready. Unless the owner was killed outright: then nothing else would end it. A
+    # helper whose parent died has another at once, while a dead owner not yet reaped still "lives".
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != owner and os.getppid() == parent and process_alive(owner):
         pass
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         os._exit(0)  # status 0: a DataLoader counts a worker killed by a signal as a crash
