@@ -249,6 +249,21 @@ def test_the_staging_files_of_a_process_killed_while_saving_go_with_the_next_sav
     checkpoint_io.AtomicCheckpointIO().save_checkpoint({"step": 3}, folder / "last.ckpt")
     # The one written to a moment ago may be another run's, still saving: it stays.
     assert sorted(path.name for path in folder.iterdir()) == [".last.ckpt.4343.tmp", "last.ckpt"]
+
+
+def test_a_save_goes_on_when_another_runs_staging_file_vanishes_as_it_looks(monkeypatch, tmp_path):
+    # Two runs sharing a folder: the other one's save renames its staging file between this one's
+    # listing of the folder and its look at the file.
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    listed = Path.glob
+
+    def listing_with_a_vanished_file(self, pattern):
+        return [*listed(self, pattern), self / ".last.ckpt.4444.tmp"]
+
+    monkeypatch.setattr(Path, "glob", listing_with_a_vanished_file)
+    checkpoint_io.AtomicCheckpointIO().save_checkpoint({"step": 3}, folder / "last.ckpt")
+    assert torch.load(folder / "last.ckpt", weights_only=True) == {"step": 3}
 {%- if cookiecutter.logger == "csv" %}
 
 

@@ -130,8 +130,9 @@ def write_manifest(location: str, manifest: dict) -> None:
     text = json.dumps(manifest, indent=1)
     if is_remote(location):
         with tempfile.TemporaryDirectory() as folder:
-            (Path(folder) / MANIFEST).write_text(text)
-            _get_fs_provider(location).upload_file(str(Path(folder) / MANIFEST), join(location, MANIFEST))
+            local = Path(folder) / MANIFEST
+            local.write_text(text)
+            _get_fs_provider(location).upload_file(str(local), join(location, MANIFEST))
     else:
         # Written beside its place, not in /tmp: a file cannot be renamed onto another file system.
         partial = Path(location) / f".{MANIFEST}.partial"

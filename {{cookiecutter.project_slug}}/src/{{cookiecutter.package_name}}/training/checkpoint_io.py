@@ -1,5 +1,6 @@
 """Checkpoint files that are either the old one or the new one, never half of one."""
 
+import contextlib
 import os
 import re
 import time
@@ -8,6 +9,10 @@ from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+# A save's staging file: `.<checkpoint name>.<pid>.tmp`.
+STAGING = re.compile(r"\..+\.\d+\.tmp")
+STALE_SECONDS = 3600
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -27,9 +32,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # Left by a process killed while it saved (its `finally` never ran), each as large as a checkpoint;
         # one written to within the hour may be another live run's (two runs sharing a folder).
         for stale in path.parent.glob(".*.tmp"):
-            if re.fullmatch(r"\..+\.\d+\.tmp", stale.name) and time.time() - stale.stat().st_mtime > 3600:
-                stale.unlink(missing_ok=True)
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            # Another run's save may rename or remove its file between the listing and here.
+            with contextlib.suppress(FileNotFoundError):
+                if STAGING.fullmatch(stale.name) and time.time() - stale.stat().st_mtime > STALE_SECONDS:
+                    stale.unlink()
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # a name STAGING matches
         try:
             with staging.open("wb") as file:
                 torch.save(checkpoint, file)

@@ -30,12 +30,19 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def owner_gone(owner: int, parent: int) -> bool:
+    """Whether `owner` was killed outright: a helper whose parent died has another at once, while a
+    dead owner not yet reaped still answers kill(pid, 0)."""
+    return os.getppid() != parent or not process_alive(owner)
+
+
 def _end_on_sigterm_from(owner: int, parent: int) -> None:
     # Another's SIGTERM is taken and dropped: the owner has the same signal, and ends this process
-    # when it is ready. Unless the owner was killed outright: then nothing else would end it. A
-    # helper whose parent died has another at once, while a dead owner not yet reaped still "lives".
-    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != owner and os.getppid() == parent and process_alive(owner):
-        pass
+    # when it is ready. Unless the owner was killed outright: then nothing else would end it.
+    while True:
+        sender = signal.sigwaitinfo({signal.SIGTERM}).si_pid
+        if sender == owner or owner_gone(owner, parent):
+            break
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         os._exit(0)  # status 0: a DataLoader counts a worker killed by a signal as a crash
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # this thread's mask only
