@@ -142,6 +142,24 @@ class SigtermAt(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class KillWhileSavingLast(L.Callback):
+    """SIGKILL this process in the middle of a save of a sharded last.ckpt (torch's distributed
+    checkpoint), once its shards are written and before their index is, as SLURM's KILL at the end
+    of a preemption's grace period would."""
+
+    def setup(self, trainer: L.Trainer, pl_module, stage: str) -> None:
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+        finish = FileSystemWriter.finish
+
+        def killed_in_last(writer, *args, **kwargs):
+            if "last.ckpt" in str(writer.path):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return finish(writer, *args, **kwargs)
+
+        FileSystemWriter.finish = killed_in_last
+
+
 class StopAfterEpoch(L.Callback):
     """End a run after an epoch's validation, as an interruption between epochs would; last.ckpt
     is written as usual."""

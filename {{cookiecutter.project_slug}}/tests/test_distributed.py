@@ -2,6 +2,7 @@
 started the ways a cluster starts them: Lightning's launcher, torchrun, and SLURM's srun."""
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -248,6 +249,30 @@ def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_co
     correct = (probabilities.argmax(-1) == labels).float()
     accuracy = (correct.sum() + correct[0]).item() / 24
     assert accuracy == pytest.approx(rank0["val"]["val/acc"], abs=1e-6)
+
+
+def test_a_sharded_last_checkpoint_killed_while_saving_stays_the_previous_one(in_project_copy, tiny_shapes):
+    fsdp2 = ["--config=configs/trainer/fsdp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER, *SHORT,
+             *data(tiny_shapes)]  # fmt: skip
+    fit(in_project_copy, *fsdp2)
+    (last,) = (in_project_copy / "runs" / "dist").glob("*/checkpoints/last.ckpt")
+    saved = digests(last)
+    killer = {"class_path": "helper_callbacks.KillWhileSavingLast"}
+    going_on = [*fsdp2, "--trainer.max_epochs=2", "--ckpt_path=last"]
+    killed = run_group([sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *going_on,
+                        f"--trainer.callbacks+={json.dumps(killer)}"], TIMEOUT, cwd=in_project_copy,
+                       env=command_env())  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-4000:]
+    assert digests(last) == saved, "last.ckpt is still the first run's, whole"
+
+    ranks = in_project_copy / "ranks"
+    fit(in_project_copy, *going_on, record(ranks))
+    assert [process["start_step"] for process in seen(ranks)] == [2, 2]
+    assert sorted(path.name for path in last.parent.iterdir() if path.name.startswith(".")) == []
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest() for path in folder.rglob("*")}
 
 
 def test_two_nodes_through_torchrun(in_project_copy, tiny_shapes, groups):

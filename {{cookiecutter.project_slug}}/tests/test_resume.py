@@ -14,7 +14,9 @@ import torch
 from conftest import command_env, refusal, run_cli, run_command
 from jsonargparse import Namespace
 
+from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
 from {{ cookiecutter.package_name }}.training import checkpoint_io, resume
+from {{ cookiecutter.package_name }}.training.run_folders import last_checkpoints
 
 TRAINER = [
     "--trainer.accelerator=cpu",
@@ -243,12 +245,89 @@ def test_the_staging_files_of_a_process_killed_while_saving_go_with_the_next_sav
     folder.mkdir()
     for left in (".last.ckpt.4242.tmp", ".epoch=0-step=2-acc0.5000.ckpt.4242.tmp", ".last.ckpt.4343.tmp"):
         (folder / left).write_bytes(b"the first half of a checkpoint")
+    (folder / ".epoch004-acc0.9123.ckpt.partial").mkdir()  # a sharded save's
+    (folder / ".epoch004-acc0.9123.ckpt.partial" / "__0_0.distcp").write_bytes(b"a shard")
+    (folder / ".notes.partial").write_text("the user's")
     two_hours_ago = time.time() - 7200
-    for left in (".last.ckpt.4242.tmp", ".epoch=0-step=2-acc0.5000.ckpt.4242.tmp"):
+    for left in (".last.ckpt.4242.tmp", ".epoch=0-step=2-acc0.5000.ckpt.4242.tmp", ".epoch004-acc0.9123.ckpt.partial",
+                 ".notes.partial"):  # fmt: skip
         os.utime(folder / left, (two_hours_ago, two_hours_ago))
     checkpoint_io.AtomicCheckpointIO().save_checkpoint({"step": 3}, folder / "last.ckpt")
     # The one written to a moment ago may be another run's, still saving: it stays.
-    assert sorted(path.name for path in folder.iterdir()) == [".last.ckpt.4343.tmp", "last.ckpt"]
+    assert sorted(path.name for path in folder.iterdir()) == [".last.ckpt.4343.tmp", ".notes.partial", "last.ckpt"]
+
+
+def write_checkpoint(path: Path, kind: str, text: str) -> None:
+    """A checkpoint as a sharding strategy writes it: a folder of shards, or a single file when it
+    gathers the weights first; or a link to one."""
+    if kind == "folder":
+        path.mkdir()
+        (path / "__0_0.distcp").write_text(text)
+    elif kind.startswith("link to a"):
+        write_checkpoint(path.parent / "elsewhere.ckpt", kind.removeprefix("link to a "), text)
+        path.symlink_to("elsewhere.ckpt")
+    elif kind == "dangling link":
+        path.symlink_to("gone.ckpt")
+    else:
+        path.write_text(text)
+
+
+def read_checkpoint(path: Path) -> str:
+    return (path / "__0_0.distcp" if path.is_dir() else path).read_text()
+
+
+@pytest.mark.parametrize("new", ["file", "folder"])
+@pytest.mark.parametrize("old", [None, "file", "folder", "link to a file", "link to a folder", "dangling link"])
+def test_a_staged_checkpoint_takes_the_place_of_the_old_one_whatever_each_is(tmp_path, old, new):
+    last, staging = tmp_path / "last.ckpt", tmp_path / ".last.ckpt.partial"
+    if old:
+        write_checkpoint(last, old, "old")
+    write_checkpoint(staging, new, "new")
+    checkpoint_io.replace(staging, last)
+    assert read_checkpoint(last) == "new" and not last.is_symlink()
+    assert not list(tmp_path.glob(".last.ckpt*")), "nothing left beside it"
+    if old and old.startswith("link to a"):
+        assert read_checkpoint(tmp_path / "elsewhere.ckpt") == "old", "what the link pointed to stays"
+
+
+@pytest.mark.parametrize("old", ["folder", "dangling link"])
+def test_a_save_killed_between_its_two_renames_is_completed_when_the_runs_are_listed(tmp_path, old):
+    checkpoints = tmp_path / "runs" / "project" / "version_0" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    write_checkpoint(checkpoints / ".last.ckpt.old", old, "old")
+    write_checkpoint(checkpoints / ".last.ckpt.partial", "folder", "new")  # whole: every process had written
+    (last,) = last_checkpoints(tmp_path / "runs")
+    assert last == checkpoints / "last.ckpt" and read_checkpoint(last) == "new"
+    assert [path.name for path in checkpoints.iterdir()] == ["last.ckpt"]
+
+
+def test_a_listing_of_the_runs_that_completes_a_save_in_its_rename_gap_ends_neither(monkeypatch, tmp_path):
+    # Two processes complete the same save (a listing command beside the run, or every rank of a
+    # resumed job): the other one moves the new checkpoint into place just before this one does.
+    last, staging = tmp_path / "last.ckpt", tmp_path / ".last.ckpt.partial"
+    write_checkpoint(last, "folder", "old")
+    write_checkpoint(staging, "folder", "new")
+    rename = os.replace
+
+    def beaten_to_it(source, target):
+        if Path(source) == staging and Path(target) == last:
+            monkeypatch.setattr(os, "replace", rename)
+            checkpoint_io.complete_replace(last)
+        rename(source, target)
+
+    monkeypatch.setattr(os, "replace", beaten_to_it)
+    checkpoint_io.replace(staging, last)
+    assert read_checkpoint(last) == "new"
+    assert [path.name for path in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_a_sharded_save_refuses_to_take_the_place_of_a_folder_that_is_no_checkpoint(tmp_path):
+    trainer = checkpoint_io.Trainer(accelerator="cpu", strategy=FSDP2Strategy(), logger=False)
+    (tmp_path / "results" / "metrics.csv").parent.mkdir()
+    (tmp_path / "results" / "metrics.csv").write_text("the user's")
+    with pytest.raises(IsADirectoryError, match="is a folder but no checkpoint"):
+        trainer.save_checkpoint(tmp_path / "results")
+    assert (tmp_path / "results" / "metrics.csv").read_text() == "the user's"
 
 
 def test_a_save_goes_on_when_another_runs_staging_file_vanishes_as_it_looks(monkeypatch, tmp_path):

@@ -1,5 +1,5 @@
 """FSDP's unit of sharding (the repeated blocks of each family of torchvision backbones), and
-DeepSpeed's mixed precision on a model with BatchNorm."""
+DeepSpeed's mixed precision on a model with BatchNorm, and which of their saves are staged."""
 
 import os
 import subprocess
@@ -62,6 +62,22 @@ DEEPSPEED_STEP = textwrap.dedent(
     engine.backward(loss)
     engine.step()
     print("stepped")
+
+    # Its saves go through a staging folder, renamed into place after they are written, unless its
+    # checkpoint writer goes on writing after a save returns.
+    from pathlib import Path
+
+    from {{ cookiecutter.package_name }}.training.checkpoint_io import replace, stages_its_saves
+
+    strategy.model = engine
+    staged = stages_its_saves(strategy)
+    folder = Path(sys.argv[1]).parent
+    for _ in range(2):  # the second time, over the first
+        engine.save_checkpoint(folder / ".last.ckpt.partial", tag="checkpoint")
+        replace(folder / ".last.ckpt.partial", folder / "last.ckpt")
+    loaded, _ = engine.load_checkpoint(folder / "last.ckpt")
+    engine.checkpoint_engine.is_decoupled = lambda: True
+    print("staged", staged, stages_its_saves(strategy), "loaded", loaded is not None)
     """
 )
 
@@ -72,3 +88,4 @@ def test_deepspeed_trains_a_batchnorm_model_in_bf16(tmp_path):
     done = subprocess.run([sys.executable, "-c", DEEPSPEED_STEP, str(tmp_path / "store")], env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-3000:]
+    assert "staged True False loaded True" in done.stdout

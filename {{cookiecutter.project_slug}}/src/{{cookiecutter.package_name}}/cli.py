@@ -20,7 +20,6 @@ from typing import Literal
 import torch
 import yaml
 from jsonargparse import Namespace
-from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 {%- if cookiecutter.logger == "wandb" %}
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -34,6 +33,7 @@ from .errors import PACKAGE, ConfigError, DataError, UserError, one_line, wants_
 from .hardware.checks import check_hardware, settle_precision
 from .model import ImageClassifier, check_same_classes, check_same_optimizer_layout
 from .training.callbacks import EndWithLauncher
+from .training.checkpoint_io import Trainer
 from .training.progress import LogLines
 from .training.quiet import silence_dependency_noise
 from .training.resume import (
@@ -206,6 +206,7 @@ class ClassifierCLI(LightningCLI):
         trainer_defaults = dict(trainer_defaults or {})
         trainer_defaults["callbacks"] = [*trainer_defaults.get("callbacks", []), EndWithLauncher()]
         kwargs.setdefault("parser_class", SuggestingParser)
+        kwargs.setdefault("trainer_class", Trainer)
         super().__init__(*args, parser_kwargs=parser_kwargs, trainer_defaults=trainer_defaults, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:

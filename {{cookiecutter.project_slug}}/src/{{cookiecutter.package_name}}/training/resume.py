@@ -21,6 +21,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..errors import PACKAGE, ConfigError, DataError, MissingError
+from .checkpoint_io import complete_replace, is_sharded_checkpoint
 from .run_folders import finished, last_checkpoints
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
@@ -174,7 +175,7 @@ def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None
     if not path.exists():
         raise MissingError(f"{option} {path}: no such file or folder.")
     if path.is_dir():
-        if not ((path / ".metadata").is_file() or (path / "latest").is_file()):  # FSDP, FSDP2 or DeepSpeed shards
+        if not is_sharded_checkpoint(path):
             raise DataError(f"{option} {path} is a folder but not a sharded checkpoint (FSDP or DeepSpeed).")
         return
     if not zipfile.is_zipfile(path) or "state_dict" not in _checkpoint_keys(path):
@@ -211,8 +212,9 @@ def first_logger(trainer: Namespace) -> Namespace | None:
 def runs_of(config: Namespace, logger: Namespace | None) -> tuple[Path, list[Path]]:
     """Where the runs of `logger` are, and their last.ckpt files, oldest first."""
     if logger is None:  # without a logger, checkpoints go to default_root_dir/checkpoints
-        root = Path(config.trainer.default_root_dir or os.getcwd())
-        return root, [path for path in [root / "checkpoints" / "last.ckpt"] if path.exists()]
+        last = Path(config.trainer.default_root_dir or os.getcwd()) / "checkpoints" / "last.ckpt"
+        complete_replace(last)
+        return last.parent.parent, [last] if last.exists() else []
     root = run_root(logger)
     return root, last_checkpoints(root)
 

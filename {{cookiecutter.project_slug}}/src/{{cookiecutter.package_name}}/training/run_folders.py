@@ -7,6 +7,7 @@ shards); the newest is the one whose last.ckpt was written last. A run that ends
 early stopping) leaves checkpoints/finished.json; an interrupted one (SIGTERM, a crash) does not.
 """
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -14,13 +15,18 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, MissingError
+from .checkpoint_io import complete_replace
 
 FINISHED = "finished.json"
 
 
 def last_checkpoints(root: Path) -> list[Path]:
     """The last.ckpt of every run under `root` (a file, or a folder of shards), oldest first."""
-    return sorted(root.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
+    lasts = [checkpoints / "last.ckpt" for checkpoints in root.glob("**/checkpoints")]
+    for last in lasts:
+        with contextlib.suppress(OSError):  # a read-only folder stays as it is
+            complete_replace(last)  # a save killed between its two renames
+    return sorted((last for last in lasts if last.exists()), key=os.path.getmtime)
 
 
 def finished(last: Path) -> bool:
