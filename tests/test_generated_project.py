@@ -31,8 +31,14 @@ def project_env(project: Path) -> dict[str, str]:
 
 def run_project_tests(project: Path, *pytest_args: str) -> None:
     temp = project.parent / "pytest-temp"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={temp}", *pytest_args]
-    result = run_bounded(command, 1800, cwd=project, env=project_env(project))
+    # In parallel: a test spends much of its time starting Python processes on one core. At most 4
+    # workers, as each one and the processes its tests start hold a gigabyte or more.
+    workers = ["-n", str(min(4, os.cpu_count() or 1)), "--dist", "worksteal"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={temp}", *workers,
+               *pytest_args]  # fmt: skip
+    # One thread each: two workers on two cores with torch's thread per core ran slower than one worker.
+    env = project_env(project) | {"OMP_NUM_THREADS": "1"}
+    result = run_bounded(command, 1800, cwd=project, env=env)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert re.search(r"\d+ passed", result.stdout)
     # Each test's checkpoints are gone once it passes: a whole run once left over 20 GB on the disk.
@@ -58,6 +64,7 @@ def test_non_default_project_passes_its_own_tests(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.rotated
 @pytest.mark.parametrize("left_out", list(CAPABILITY_FILES))
 def test_a_project_without_one_capability_documents_only_what_it_holds(tmp_path, left_out):
     # The others on: every command, option, link and file its docs name is checked against this render
@@ -66,6 +73,7 @@ def test_a_project_without_one_capability_documents_only_what_it_holds(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.rotated
 @pytest.mark.parametrize("installer", ["pip", "uv"])
 def test_project_installs_with_its_console_script(tmp_path, default_project, installer):
     # The environment borrows the test environment's packages: this checks the project's own

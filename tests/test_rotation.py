@@ -1,0 +1,33 @@
+"""The slow tests that run on alternate days: each on exactly one day of the rotation, the days' shares even."""
+
+import collections
+import re
+import subprocess
+import sys
+
+from conftest import ROTATION_DAYS, TEMPLATE, rotation_day
+
+
+def test_each_rotated_test_runs_on_one_day_and_the_shares_are_even():
+    names = [f"tests/test_tool.py::test_{letter}" for letter in "edcba"]
+    days = rotation_day(names)
+    assert set(days) == set(names) and set(days.values()) == set(range(ROTATION_DAYS))
+    shares = collections.Counter(days.values())
+    assert max(shares.values()) - min(shares.values()) <= 1
+    assert rotation_day(list(reversed(names))) == days, "the day follows the name, not the order of collection"
+
+
+def pytest_summary(*options: str) -> str:
+    # --setup-plan collects and applies the skip marks but runs no test.
+    command = [sys.executable, "-m", "pytest", "-m", "rotated", "--run-slow", "-q", "-p", "no:cacheprovider", *options]
+    listed = subprocess.run(command, cwd=TEMPLATE, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stdout[-2000:]
+    return listed.stdout
+
+
+def test_run_slow_skips_the_other_days_share_and_rotation_all_runs_every_one():
+    rotated = pytest_summary("--collect-only").count("::test_")
+    assert rotated >= ROTATION_DAYS
+    skipped_today = re.search(r"(\d+) skipped", pytest_summary("--setup-plan"))
+    assert skipped_today and 0 < int(skipped_today[1]) < rotated
+    assert " skipped" not in pytest_summary("--setup-plan", "--rotation=all")
