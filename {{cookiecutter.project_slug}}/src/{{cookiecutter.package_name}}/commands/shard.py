@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 from ..data import ImageDataModule, find_classes, split_samples, train_folder, usable_cpus
-from ..datasets.streaming import check_storage, delete_manifest, is_remote, join, write_manifest, write_split
+from ..datasets.streaming import check_storage, delete_manifest, join, write_manifest, write_split
 from ..errors import PACKAGE, ConfigError, MissingError
+from ..hardware.network import is_remote
 
 
 def encoded_sample(sample: tuple[str, int, str]) -> dict:

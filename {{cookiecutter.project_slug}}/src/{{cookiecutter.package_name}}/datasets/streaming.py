@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchvision.transforms import v2
 
 from ..errors import ConfigError, MissingError
+from ..hardware.network import is_remote
 from .images import labelled_image
 from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
 
@@ -46,10 +47,6 @@ def allow_plain_http() -> None:
 
 
 allow_plain_http()  # here too for data workers, which import this module to read the chunks
-
-
-def is_remote(location: str) -> bool:
-    return "://" in location
 
 
 def join(location: str, *parts: str) -> str:

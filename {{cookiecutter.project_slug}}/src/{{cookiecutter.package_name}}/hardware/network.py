@@ -1,5 +1,6 @@
-"""Whether a server can be reached, found out in seconds: the libraries that find out for
-themselves retry for a minute or more before they fail."""
+"""What is on the network: whether a location is (object storage, a URL), and whether a server can
+be reached, found out in seconds (the libraries that find out for themselves retry for a minute or
+more before they fail)."""
 
 import os
 import socket
@@ -15,3 +16,9 @@ def reachable(host: str, timeout: float = 3.0) -> bool:
         return True
     except OSError:
         return False
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    """Whether `location` is a URL (s3://, gs://, https://, ...) rather than a local path: object
+    storage, read and written through its libraries, never through pathlib."""
+    return "://" in str(location)

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import DeepSpeedStrategy, Strategy
 
+from ..hardware.network import is_remote
 from ..hardware.sharding import shards_weights
 
 # What a save writes beside a checkpoint `<name>`: `.<name>.<pid>.tmp` (a file) and `.<name>.partial`
@@ -138,8 +139,3 @@ def remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)  # another process may be removing it too
     else:
         path.unlink(missing_ok=True)
-
-
-def is_remote(path: str | os.PathLike) -> bool:
-    """Whether `path` is in object storage (s3://, gs://, ...), where Lightning's own save writes."""
-    return "://" in str(path)

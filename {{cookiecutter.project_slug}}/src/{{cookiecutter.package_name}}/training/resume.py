@@ -21,6 +21,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..errors import PACKAGE, ConfigError, DataError, MissingError
+from ..hardware.network import is_remote
 from .checkpoint_io import complete_replace, is_sharded_checkpoint
 from .run_folders import finished, last_checkpoints
 
@@ -37,7 +38,6 @@ ALLOW_CHANGES = "allow_resume_changes"
 RESUME_WORDS = ("auto", "last")
 # What Lightning itself takes for ckpt_path besides a path.
 LIGHTNING_WORDS = ("best", "hpc", "registry")
-REMOTE = ("s3://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "hf://")
 
 
 def resolve_resume(config: Namespace, subcommand: str) -> bool:
@@ -158,7 +158,7 @@ def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:
 def run_of(ckpt_path: str | None, logger: Namespace | None) -> str | None:
     """The run folder's name when `ckpt_path` is a checkpoint of one of `logger`'s runs
     (<root>/<run>/checkpoints/<file or folder of shards>), else None."""
-    if logger is None or not ckpt_path or ckpt_path in LIGHTNING_WORDS or str(ckpt_path).startswith(REMOTE):
+    if logger is None or not ckpt_path or ckpt_path in LIGHTNING_WORDS or is_remote(ckpt_path):
         return None
     checkpoints = Path(ckpt_path).resolve().parent
     in_a_run = checkpoints.name == "checkpoints" and checkpoints.parent.parent == run_root(logger).resolve()
@@ -169,7 +169,7 @@ def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None
     """Refuse a --ckpt_path that is no checkpoint, before anything reads it: torch.load would fail
     with an error that names neither (`KeyError: 101`, `Unsupported operand 35`)."""
     words = (*RESUME_WORDS, *LIGHTNING_WORDS)
-    if ckpt_path is None or ckpt_path in words or str(ckpt_path).startswith(("registry:", *REMOTE)):
+    if ckpt_path is None or ckpt_path in words or str(ckpt_path).startswith("registry:") or is_remote(ckpt_path):
         return  # Lightning's words, and remote files (s3://...) that Lightning reads through fsspec
     path = Path(ckpt_path)
     if not path.exists():
