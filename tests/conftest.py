@@ -104,6 +104,7 @@ def pytest_collection_modifyitems(config, items):
     if config.getoption("--rotation") == "all":
         return
     rotated = [item for item in items if "rotated" in item.keywords]
+    assert all("slow" in item.keywords for item in rotated), "a rotated test is a slow one: mark it slow too"
     days = rotation_day([item.nodeid for item in rotated])
     today = datetime.date.today().toordinal() % ROTATION_DAYS
     skip = pytest.mark.skip(reason="rotated: runs on the other day of the rotation (--rotation=all runs it now)")

@@ -33,7 +33,7 @@ def run_project_tests(project: Path, *pytest_args: str) -> None:
     temp = project.parent / "pytest-temp"
     # In parallel: a test spends much of its time starting Python processes on one core. At most 4
     # workers, as each one and the processes its tests start hold a gigabyte or more.
-    workers = ["-n", str(min(4, os.cpu_count() or 1)), "--dist", "worksteal"]
+    workers = ["-n", str(min(4, len(os.sched_getaffinity(0)))), "--dist", "worksteal"]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={temp}", *workers,
                *pytest_args]  # fmt: skip
     # One thread each: two workers on two cores with torch's thread per core ran slower than one worker.

@@ -316,7 +316,6 @@ def test_every_config_the_readme_names_loads(default_project):
 
 
 @pytest.mark.slow
-@pytest.mark.rotated
 @pytest.mark.parametrize("logger", ["tensorboard", "csv"])
 def test_configs_load_for_other_loggers(tmp_path, logger):
     project = render(tmp_path, logger=logger, backbone="mobilenet_v3_small")

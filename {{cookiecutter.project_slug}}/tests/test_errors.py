@@ -59,7 +59,8 @@ def test_a_yaml_syntax_error_names_the_file_and_line(monkeypatch, capsys, in_pro
 
 
 def test_checkpoint_paths_are_checked_before_anything_reads_them(tmp_path):
-    check_checkpoint("s3://bucket/run/last.ckpt")  # remote: Lightning reads it through fsspec
+    for remote in ("s3://bucket/run/last.ckpt", "r2://bucket/last.ckpt", "file:///runs/last.ckpt"):
+        check_checkpoint(remote)  # remote: Lightning reads it through fsspec
     check_checkpoint("best")
     weights_only = tmp_path / "weights.pt"
     torch.save({"fc.weight": torch.zeros(2)}, weights_only)

@@ -1,2 +1,2 @@
 """This machine: its devices, the rules for which trainer settings they run, how FSDP shards a
-backbone, and whether a server can be reached."""
+backbone, and the network: remote locations, whether a server can be reached."""
