@@ -31,13 +31,10 @@ def project_env(project: Path) -> dict[str, str]:
 
 def run_project_tests(project: Path, *pytest_args: str) -> None:
     temp = project.parent / "pytest-temp"
-    # In parallel: a test spends much of its time starting Python processes on one core. At most 4
-    # workers, as each one and the processes its tests start hold a gigabyte or more.
-    workers = ["-n", str(min(4, len(os.sched_getaffinity(0)))), "--dist", "worksteal"]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={temp}", *workers,
+    # As the project's docs say to: in parallel, with the worker count and threads its conftest sets.
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={temp}", "-n", "auto",
                *pytest_args]  # fmt: skip
-    # One thread each: two workers on two cores with torch's thread per core ran slower than one worker.
-    env = project_env(project) | {"OMP_NUM_THREADS": "1"}
+    env = project_env(project)
     result = run_bounded(command, 1800, cwd=project, env=env)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert re.search(r"\d+ passed", result.stdout)

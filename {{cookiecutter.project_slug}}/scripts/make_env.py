@@ -121,11 +121,11 @@ def smoke_test(python: str, log: Path) -> bool:
 
 def print_next_steps(python: str) -> None:
     if python == sys.executable:  # `current`: the Python that runs this, which `python` may not be
-        run = f"PYTHONPATH=src {shlex.quote(python)} -m"
+        run, test = f"PYTHONPATH=src {shlex.quote(python)} -m", "pytest"  # pytest-xdist may be missing there
     else:  # Debian and Ubuntu have no `python` outside the activated .venv
-        run = ". .venv/bin/activate && python -m"
+        run, test = ". .venv/bin/activate && python -m", "pytest -n auto"
     print(f"\nNext:\n  cd {PROJECT}")
-    print("\n".join(f"  {run} {command}" for command in (f"{PACKAGE} doctor", f"{PACKAGE} fit", "pytest")))
+    print("\n".join(f"  {run} {command}" for command in (f"{PACKAGE} doctor", f"{PACKAGE} fit", test)))
 
 
 def cpu_wheel_index(log: Path) -> str | None:

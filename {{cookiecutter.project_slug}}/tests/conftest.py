@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 {%- if cookiecutter.logger == "wandb" %}
 import wandb
 {%- endif %}
 
 from {{ cookiecutter.package_name }}.cli import main, resolved_config
+from {{ cookiecutter.package_name }}.data import usable_cpus
 from {{ cookiecutter.package_name }}.datasets.shapes import draw_shapes_dataset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +32,18 @@ def on_data(data_dir: Path, batch_size: int = 8) -> list[str]:
 
 # Tests never talk to a W&B server, whatever the machine's login.
 os.environ["WANDB_MODE"] = "offline"
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread per worker, for its own tests and the processes they start: two workers with torch's
+    # thread per core ran slower on two cores than one worker.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """What `pytest -n auto` starts: a worker per CPU, at most 4 (each one, with the processes its
+    tests start, holds a gigabyte or more)."""
+    return min(4, usable_cpus())
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ def test_current_checks_this_python_and_installs_nothing(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith(f"Using {sys.executable} as it is") and not (tmp_path / ".venv").exists()
     assert f"# Using {sys.executable} as it is" in (tmp_path / "runs" / "setup.log").read_text()
-    # Then what to run with that Python, which `python` may not be.
+    # Then what to run with that Python, which `python` may not be, and which may lack pytest-xdist.
     assert done.stdout.endswith(f"PYTHONPATH=src {sys.executable} -m pytest\n"), done.stdout
 
 
@@ -32,7 +32,7 @@ def test_after_a_venv_the_next_steps_activate_it(capsys):
     spec.loader.exec_module(make_env)
     make_env.print_next_steps(make_env.VENV_PYTHON)
     steps = capsys.readouterr().out.split("Next:")[1].splitlines()[2:]
-    commands = ["{{ cookiecutter.package_name }} doctor", "{{ cookiecutter.package_name }} fit", "pytest"]
+    commands = ["{{ cookiecutter.package_name }} doctor", "{{ cookiecutter.package_name }} fit", "pytest -n auto"]
     assert steps == [f"  . .venv/bin/activate && python -m {command}" for command in commands]
 
 

@@ -323,13 +323,10 @@ def build(cli_args: list[str], keep_config: bool = False) -> ClassifierCLI:
         )
 
 
-# The first line of what --print_config prints.
-PRINTED_CONFIG_HEADER = "# lightning.pytorch=="
-
-
 def resolved_config(cli_args: list[str]) -> dict:
     """The configuration `fit` resolves from the default files and these options, as --print_config
     prints it, without building anything."""
+    silence_dependency_noise()
     printed, refused = io.StringIO(), io.StringIO()
     command = ["fit", *cli_args, "--print_config"]
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(refused):
@@ -338,10 +335,7 @@ def resolved_config(cli_args: list[str]) -> dict:
         except SystemExit as done:
             if done.code:
                 raise ConfigError(refused.getvalue().strip().removeprefix("error: ") or str(done.code)) from None
-    # Libraries the configuration names may log to stdout as they are imported (DeepSpeed: "[<date>]
-    # [WARNING] ... Setting accelerator to CPU"): the configuration starts at Lightning's header line.
-    text = printed.getvalue()
-    return yaml.safe_load(text[max(0, text.find(PRINTED_CONFIG_HEADER)) :])
+    return yaml.safe_load(printed.getvalue())
 
 
 def main(args: list[str] | None = None) -> None:

@@ -20,6 +20,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -114,6 +115,15 @@ class ClassifierServer(ls.LitServer):
                 del os.environ["OPENBLAS_NUM_THREADS"]
             else:
                 os.environ["OPENBLAS_NUM_THREADS"] = blas_threads
+
+    def _perform_graceful_shutdown(self, manager, uvicorn_workers: dict, shutdown_reason: str = "normal") -> None:
+        # LitServe's thread that watches the model's workers asks the manager's event every 2 s whether
+        # to stop; asked after this shutdown has ended the manager, it died with a traceback in the
+        # server's output. From here on it reads an event already set, and stops at its next look.
+        stopping = threading.Event()
+        stopping.set()
+        self._shutdown_event = stopping
+        super()._perform_graceful_shutdown(manager, uvicorn_workers, shutdown_reason)
 
 
 async def error_as_json(request: Request, error: HTTPException) -> JSONResponse:

@@ -23,6 +23,7 @@ def silence_dependency_noise() -> None:
     for message in SILENCED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(drop_advertising)
+    logging.getLogger("DeepSpeed").addFilter(drop_cpu_fallback_notice)
 {%- if cookiecutter.streaming == "yes" %}
     logging.getLogger("litdata.streaming.dataset").addFilter(drop_uneven_shares_notice)
 {%- endif %}
@@ -50,3 +51,9 @@ def drop_weights_only_notice(record: logging.LogRecord) -> bool:
     # the checkpoints of a run are written whole.
     return "`weights_only` was not set" not in record.getMessage()
 {%- endif %}
+
+
+def drop_cpu_fallback_notice(record: logging.LogRecord) -> bool:
+    # DeepSpeed, imported on a machine without CUDA, says on stdout that it falls back to the CPU: the
+    # trainer has chosen the device already, and the line would spoil `fit --print_config > run.yaml`.
+    return not record.getMessage().startswith("Setting accelerator to CPU")
