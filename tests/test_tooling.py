@@ -19,7 +19,7 @@ def test_workflow_keeps_its_github_expressions_and_the_answers(tmp_path):
     assert job["strategy"]["matrix"]["python-version"] == ["3.12"]
     assert job["steps"][1]["with"]["python-version"] == "${{ matrix.python-version }}"
     assert workflow["concurrency"]["group"] == "${{ github.workflow }}-${{ github.ref }}"
-    assert any(step.get("run") == "uv run pytest" for step in job["steps"])
+    assert any(step.get("run") == "uv run pytest -n auto" for step in job["steps"])
 
 
 def pre_commit(project: Path) -> subprocess.CompletedProcess:
@@ -44,6 +44,7 @@ def test_pre_commit_hooks_pass_on_the_project_and_fix_a_bad_file(tmp_path):
 def test_make_lint_and_test_run_the_projects_commands(tmp_path):
     project = render(tmp_path)
     printed = subprocess.run(["make", "-n", "test", "fit"], cwd=project, capture_output=True, text=True)
-    assert printed.stdout.split("\n")[:2] == [".venv/bin/python -m pytest", ".venv/bin/python -m image_classifier fit"]
+    test, fit = ".venv/bin/python -m pytest -n auto", ".venv/bin/python -m image_classifier fit"
+    assert printed.stdout.split("\n")[:2] == [test, fit]
     lint = subprocess.run(["make", "lint", f"PYTHON={sys.executable}"], cwd=project, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr

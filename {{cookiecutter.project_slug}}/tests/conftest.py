@@ -40,10 +40,20 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without pytest-xdist runs too
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """What `pytest -n auto` starts: a worker per CPU, at most 4 (each one, with the processes its
-    tests start, holds a gigabyte or more)."""
-    return min(4, usable_cpus())
+    """What `pytest -n auto` starts, unless PYTEST_XDIST_AUTO_NUM_WORKERS says: a worker per CPU, at
+    most 4 (each one, with the processes its tests start, holds a gigabyte or more)."""
+    return int(os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or min(4, usable_cpus()))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Workers side by side would share one GPU (memory, ports, DeepSpeed's op builds).
+        skip = pytest.mark.skip(reason="GPU tests run one at a time: pytest -m gpu")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -227,9 +227,10 @@ def test_a_server_that_batches_nothing_answers_the_same(monkeypatch, groups, mod
     assert "Traceback" not in server.stdout.read()
 
 
-def test_the_worker_watch_stops_quietly_when_the_server_stops(caplog):
+def test_the_worker_watch_stops_quietly_when_the_server_stops(caplog, monkeypatch):
     # LitServe's thread that watches the model's workers asked the manager's event after the shutdown
     # had ended the manager, and printed a traceback (one CI run in several). Here it looks every 50 ms.
+    monkeypatch.setattr(logging.getLogger("litserve"), "propagate", True)  # LitServe logs to its own handler
     server = ClassifierServer(SimpleLitAPI(), accelerator="cpu", devices=1)
     with multiprocessing.Manager() as manager, caplog.at_level(logging.INFO, logger="litserve"):
         server._shutdown_event, server.inference_workers, server.monitor_internal = manager.Event(), [], 0.05
