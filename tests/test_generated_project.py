@@ -34,8 +34,7 @@ def run_project_tests(project: Path, *pytest_args: str) -> None:
     # As the project's docs say to: in parallel, with the worker count and threads its conftest sets.
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={temp}", "-n", "auto",
                *pytest_args]  # fmt: skip
-    env = project_env(project)
-    result = run_bounded(command, 1800, cwd=project, env=env)
+    result = run_bounded(command, 1800, cwd=project, env=project_env(project))
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert re.search(r"\d+ passed", result.stdout)
     # Each test's checkpoints are gone once it passes: a whole run once left over 20 GB on the disk.

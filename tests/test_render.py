@@ -317,7 +317,7 @@ json.dump(printed, sys.stdout)
 
 
 def print_configs(project, configs: list[str]) -> dict[str, dict]:
-    """What `fit --config <config> --print_config` prints, for each config."""
+    """What `fit --config <config> --print_config` prints, for each config, in their order."""
     result = run_bounded(
         [sys.executable, "-c", PRINT_CONFIGS.format(package=project.name.replace("-", "_")), *configs],
         300,
@@ -325,7 +325,9 @@ def print_configs(project, configs: list[str]) -> dict[str, dict]:
         env={"PYTHONPATH": str(project / "src"), "PATH": "/usr/bin:/bin", "WANDB_MODE": "offline"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)
+    printed = json.loads(result.stdout)
+    assert list(printed) == configs
+    return printed
 
 
 def test_every_config_the_readme_names_loads(default_project):
@@ -333,9 +335,7 @@ def test_every_config_the_readme_names_loads(default_project):
     assert "configs/default.yaml" in configs
     for config in configs:
         assert (default_project / config).is_file(), f"README names {config}, which does not exist"
-    printed = print_configs(default_project, configs)
-    assert list(printed) == configs
-    for config, merged in printed.items():
+    for config, merged in print_configs(default_project, configs).items():
         assert merged["model"]["backbone"] == "resnet18" and merged["data"]["synthetic"] is True, config
 
 
@@ -343,11 +343,8 @@ def test_every_config_the_readme_names_loads(default_project):
 @pytest.mark.parametrize("logger", ["tensorboard", "csv"])
 def test_configs_load_for_other_loggers(tmp_path, logger):
     project = render(tmp_path, logger=logger, backbone="mobilenet_v3_small")
-    configs = sorted(readme_configs(project))
-    printed = print_configs(project, configs)
-    assert list(printed) == configs
-    for config in configs:
-        assert printed[config]["model"]["backbone"] == "mobilenet_v3_small", config
+    for config, merged in print_configs(project, sorted(readme_configs(project))).items():
+        assert merged["model"]["backbone"] == "mobilenet_v3_small", config
 
 
 def test_the_templates_own_code_is_lint_clean():
