@@ -119,10 +119,14 @@ class ClassifierServer(ls.LitServer):
     def _perform_graceful_shutdown(self, manager, uvicorn_workers: dict, shutdown_reason: str = "normal") -> None:
         # LitServe's thread that watches the model's workers asks the manager's event every 2 s whether
         # to stop; asked after this shutdown has ended the manager, it died with a traceback in the
-        # server's output. From here on it reads an event already set, and stops at its next look.
+        # server's output. From here on it reads an event already set, and the manager ends once it
+        # has stopped (its look in flight could otherwise meet the manager's end).
         stopping = threading.Event()
         stopping.set()
         self._shutdown_event = stopping
+        for watch in threading.enumerate():
+            if watch.name == "litserve-monitoring" and watch is not threading.current_thread():
+                watch.join(timeout=self.monitor_internal + 1)
         super()._perform_graceful_shutdown(manager, uvicorn_workers, shutdown_reason)
 
 
