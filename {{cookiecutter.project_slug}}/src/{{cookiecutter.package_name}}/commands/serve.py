@@ -102,6 +102,12 @@ class ClassifierAPI(ls.LitAPI):
 
 
 class ClassifierServer(ls.LitServer):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # The shutdown below waits for the worker watch to stop, which it does between two looks:
+        # LitServe's 2 s between looks added up to 2 s to every stop.
+        self.monitor_internal = 0.25
+
     def launch_inference_worker(self, lit_api: ls.LitAPI) -> list:
         # A spawned worker imports numpy, whose BLAS starts a thread before the worker's setup leaves
         # a group's SIGTERM to the server: that thread would take it, and the worker would end
@@ -117,9 +123,9 @@ class ClassifierServer(ls.LitServer):
                 os.environ["OPENBLAS_NUM_THREADS"] = blas_threads
 
     def _perform_graceful_shutdown(self, manager, uvicorn_workers: dict, shutdown_reason: str = "normal") -> None:
-        # LitServe's thread that watches the model's workers asks the manager's event every 2 s whether
-        # to stop; asked after this shutdown has ended the manager, it died with a traceback in the
-        # server's output. From here on it reads an event already set, and the manager ends once it
+        # LitServe's thread that watches the model's workers asks the manager's event between looks
+        # whether to stop; asked after this shutdown has ended the manager, it died with a traceback in
+        # the server's output. From here on it reads an event already set, and the manager ends once it
         # has stopped (its look in flight could otherwise meet the manager's end).
         stopping = threading.Event()
         stopping.set()
