@@ -15,14 +15,14 @@ def run_benchmark(name: str, *args: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.rotated
+@pytest.mark.rotated(seconds=10)
 def test_decode_benchmark_compares_the_two_decoders():
     printed = run_benchmark("decode", "--images-per-class=4", "--workers", "0", "--repeats=1", "--batch-size=8")
     assert "torchvision" in printed and "PIL" in printed
 
 
 @pytest.mark.slow
-@pytest.mark.rotated
+@pytest.mark.rotated(seconds=50)
 def test_startup_benchmark_times_the_four_commands_and_their_ratio():
     printed = run_benchmark("startup", "--repeats=1")
     for name in ("import lightning", "fit --help", "bare Lightning", "fast_dev_run"):
@@ -31,7 +31,7 @@ def test_startup_benchmark_times_the_four_commands_and_their_ratio():
 
 
 @pytest.mark.slow
-@pytest.mark.rotated
+@pytest.mark.rotated(seconds=60)
 def test_recipes_benchmark_trains_the_strongest_recipe():
     # +ema: every recipe's options together, in one epoch.
     printed = run_benchmark("recipes", "--datasets", "shapes", "--epochs=1", "--recipes", "+ema")
@@ -40,7 +40,7 @@ def test_recipes_benchmark_trains_the_strongest_recipe():
 
 
 @pytest.mark.slow
-@pytest.mark.rotated
+@pytest.mark.rotated(seconds=80)
 def test_streaming_benchmark_times_both_formats_and_the_shard():
     printed = run_benchmark("streaming", "--images=300", "--batches=2")
     assert "shard (2 processes)" in printed
@@ -49,7 +49,7 @@ def test_streaming_benchmark_times_both_formats_and_the_shard():
 
 
 @pytest.mark.slow
-@pytest.mark.rotated
+@pytest.mark.rotated(seconds=95)
 def test_serve_load_benchmark_serves_both_models_at_both_batch_sizes_without_errors():
     printed = run_benchmark("serve_load", "--requests=24", "--warmup=2", "--clients=4", "--image-size=64")
     rows = [line.split() for line in printed.splitlines() if re.match(r"\s*(pytorch|onnx)\s+[18]\s", line)]

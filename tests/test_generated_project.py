@@ -60,7 +60,7 @@ def test_non_default_project_passes_its_own_tests(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.rotated
+@pytest.mark.rotated(seconds=25)
 @pytest.mark.parametrize("left_out", list(CAPABILITY_FILES))
 def test_a_project_without_one_capability_documents_only_what_it_holds(tmp_path, left_out):
     # The others on: every command, option, link and file its docs name is checked against this render
@@ -69,7 +69,7 @@ def test_a_project_without_one_capability_documents_only_what_it_holds(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.rotated
+@pytest.mark.rotated(seconds=10)
 @pytest.mark.parametrize("installer", ["pip", "uv"])
 def test_project_installs_with_its_console_script(tmp_path, default_project, installer):
     # The environment borrows the test environment's packages: this checks the project's own

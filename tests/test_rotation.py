@@ -8,13 +8,18 @@ import sys
 from conftest import ROTATION_DAYS, TEMPLATE, rotation_day
 
 
-def test_each_rotated_test_runs_on_one_day_and_the_shares_are_even():
-    names = [f"tests/test_tool.py::test_{letter}" for letter in "edcba"]
-    days = rotation_day(names)
-    assert set(days) == set(names) and set(days.values()) == set(range(ROTATION_DAYS))
-    shares = collections.Counter(days.values())
-    assert max(shares.values()) - min(shares.values()) <= 1
-    assert rotation_day(list(reversed(names))) == days, "the day follows the name, not the order of collection"
+def test_each_rotated_test_runs_on_one_day_and_the_days_take_about_as_long():
+    # One long test and many short ones, as CI has (its GPU dry run): turns by name put it beside half
+    # of the others, and that day took 2 minutes longer.
+    seconds = dict(zip([f"tests/test_tool.py::test_{letter}" for letter in "abcdefgh"],
+                       [10, 240, 95, 80, 60, 50, 45, 25], strict=True))  # fmt: skip
+    days = rotation_day(seconds)
+    assert set(days) == set(seconds) and set(days.values()) == set(range(ROTATION_DAYS))
+    totals = collections.Counter()
+    for name, day in days.items():
+        totals[day] += seconds[name]
+    assert max(totals.values()) - min(totals.values()) <= 0.05 * sum(seconds.values())  # by name: 30 %
+    assert rotation_day(dict(reversed(seconds.items()))) == days, "the day follows the times, not the order"
 
 
 def pytest_summary(*options: str) -> str:
