@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, command_env, on_data, refusal, run_cli
+from conftest import ON_CPU, command_env, on_data, refusal, run_cli, run_group
 from packaging.specifiers import SpecifierSet
 {%- if cookiecutter.logger == "tensorboard" %}
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -99,6 +99,18 @@ def test_checkpoint_on_data_with_other_classes_is_refused(monkeypatch, capsys, i
     capsys.readouterr()  # the training's output
     message = refusal(monkeypatch, capsys, "validate", *ON_CPU, *on_data(other), f"--ckpt_path={last}")
     assert "trained on the classes" in message
+
+
+def test_a_library_that_reading_the_config_imports_still_logs_to_the_terminal(in_project_copy):
+    # doctor, sweep and cv read the configuration with its output captured; DeepSpeed, imported
+    # then, kept that capture as its log's stream, and its lines during training went nowhere.
+    pytest.importorskip("deepspeed")
+    code = ("import logging; from {{ cookiecutter.package_name }}.cli import resolved_config; "
+            "resolved_config(['--config=configs/trainer/deepspeed_stage2.yaml']); "
+            "logging.getLogger('DeepSpeed').warning('a line after the config')")  # fmt: skip
+    done = run_group([sys.executable, "-c", code], 300, cwd=in_project_copy, env=command_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "a line after the config" in done.stdout
 
 
 def test_every_option_is_documented_in_help(monkeypatch, capsys):

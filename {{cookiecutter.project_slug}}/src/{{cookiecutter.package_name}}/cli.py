@@ -9,6 +9,7 @@ import contextlib
 import difflib
 import importlib
 import io
+import logging
 import re
 import signal
 import sys
@@ -329,12 +330,19 @@ def resolved_config(cli_args: list[str]) -> dict:
     silence_dependency_noise()
     printed, refused = io.StringIO(), io.StringIO()
     command = ["fit", *cli_args, "--print_config"]
-    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(refused):
-        try:
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(refused):
             run_command(command, command)
-        except SystemExit as done:
-            if done.code:
-                raise ConfigError(refused.getvalue().strip().removeprefix("error: ") or str(done.code)) from None
+    except SystemExit as done:
+        if done.code:
+            raise ConfigError(refused.getvalue().strip().removeprefix("error: ") or str(done.code)) from None
+    finally:
+        # A library imported meanwhile (DeepSpeed, when a preset names it) logs to the stream it found
+        # then, for good: its later lines would go into these buffers.
+        for logger in [logging.root, *logging.root.manager.loggerDict.values()]:
+            for handler in getattr(logger, "handlers", []):
+                if isinstance(handler, logging.StreamHandler) and handler.stream in (printed, refused):
+                    handler.setStream(sys.stdout if handler.stream is printed else sys.stderr)
     return yaml.safe_load(printed.getvalue())
 
 
