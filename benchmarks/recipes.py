@@ -142,7 +142,9 @@ def train(project: Path, env: dict, options: list[str], seed: int, epochs: int, 
         f"--trainer.min_epochs={epochs}", *options,
     ]  # fmt: skip
     started = time.perf_counter()
-    subprocess.run(command, cwd=project, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(command, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        sys.exit(f"{done.stderr[-3000:]}\nerror: the run {name} failed (its output above): {' '.join(command)}")
     return accuracy_by_epoch(project / "runs" / name), time.perf_counter() - started
 
 

@@ -1,10 +1,14 @@
 """The benchmark scripts still run against the template as it is (their figures are not checked)."""
 
+import os
 import re
 import sys
 
 import pytest
 from conftest import TEMPLATE, run_bounded
+
+sys.path.insert(0, str(TEMPLATE / "benchmarks"))
+import recipes  # noqa: E402
 
 
 def run_benchmark(name: str, *args: str) -> str:
@@ -12,6 +16,14 @@ def run_benchmark(name: str, *args: str) -> str:
     result = run_bounded(command, 900, cwd=TEMPLATE)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
+
+
+def test_a_recipe_run_that_fails_says_why(tmp_path):
+    # Its output was kept from the terminal: a failed run ended the benchmark with only its command.
+    with pytest.raises(SystemExit) as stopped:
+        recipes.train(tmp_path, dict(os.environ), [], seed=0, epochs=1, name="no-project-here")
+    assert "No module named image_classifier" in str(stopped.value)
+    assert "error: the run no-project-here failed" in str(stopped.value)
 
 
 @pytest.mark.slow
