@@ -111,7 +111,9 @@ def pytest_collection_modifyitems(config, items):
         return
     rotated = [item for item in items if "rotated" in item.keywords]
     assert all("slow" in item.keywords for item in rotated), "a rotated test is a slow one: mark it slow too"
-    days = rotation_day({item.nodeid: item.get_closest_marker("rotated").kwargs["seconds"] for item in rotated})
+    seconds = {item.nodeid: item.get_closest_marker("rotated").kwargs.get("seconds") for item in rotated}
+    assert None not in seconds.values(), "a rotated test gives its time in CI: @pytest.mark.rotated(seconds=...)"
+    days = rotation_day(seconds)
     today = datetime.date.today().toordinal() % ROTATION_DAYS
     skip = pytest.mark.skip(reason="rotated: runs on the other day of the rotation (--rotation=all runs it now)")
     for item in rotated:
