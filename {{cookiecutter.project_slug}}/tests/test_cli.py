@@ -105,8 +105,10 @@ def test_a_library_that_reading_the_config_imports_still_logs_to_the_terminal(in
     # doctor, sweep and cv read the configuration with its output captured; DeepSpeed, imported
     # then, kept that capture as its log's stream, and its lines during training went nowhere.
     pytest.importorskip("deepspeed")
-    code = ("import logging; from {{ cookiecutter.package_name }}.cli import resolved_config; "
+    code = ("import logging, sys; from {{ cookiecutter.package_name }}.cli import resolved_config; "
+            "assert 'deepspeed' not in sys.modules, 'imported before: this test would show nothing'; "
             "resolved_config(['--config=configs/trainer/deepspeed_stage2.yaml']); "
+            "assert 'deepspeed' in sys.modules; "
             "logging.getLogger('DeepSpeed').warning('a line after the config')")  # fmt: skip
     done = run_group([sys.executable, "-c", code], 300, cwd=in_project_copy, env=command_env())
     assert done.returncode == 0, done.stderr[-3000:]
