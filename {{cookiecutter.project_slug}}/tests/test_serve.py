@@ -227,15 +227,21 @@ def test_a_server_that_batches_nothing_answers_the_same(monkeypatch, groups, mod
     assert "Traceback" not in server.stdout.read()
 
 
+def start_the_worker_watch(server: ClassifierServer, manager) -> None:
+    """What LitServe's run sets up for its thread that watches the model's workers, with no worker."""
+    server._shutdown_event, server.inference_workers = manager.Event(), []
+    server._transport = SimpleNamespace(close=lambda send_sentinel: None)
+    server._start_worker_monitoring(manager, {})
+
+
 def test_the_worker_watch_stops_quietly_when_the_server_stops(caplog, monkeypatch):
     # LitServe's thread that watches the model's workers asked the manager's event after the shutdown
     # had ended the manager, and printed a traceback (one CI run in several). Here it looks every 50 ms.
     monkeypatch.setattr(logging.getLogger("litserve"), "propagate", True)  # LitServe logs to its own handler
     server = ClassifierServer(SimpleLitAPI(), accelerator="cpu", devices=1)
+    server.monitor_internal = 0.05
     with multiprocessing.Manager() as manager, caplog.at_level(logging.INFO, logger="litserve"):
-        server._shutdown_event, server.inference_workers, server.monitor_internal = manager.Event(), [], 0.05
-        server._transport = SimpleNamespace(close=lambda send_sentinel: None)
-        server._start_worker_monitoring(manager, {})
+        start_the_worker_watch(server, manager)
         server._perform_graceful_shutdown(manager, {}, "keyboard_interrupt")
         time.sleep(0.5)
     assert "Shutting down LitServe" in caplog.text and "crashed" not in caplog.text
@@ -244,9 +250,7 @@ def test_the_worker_watch_stops_quietly_when_the_server_stops(caplog, monkeypatc
 def test_stopping_does_not_wait_out_the_worker_watchs_pause():
     server = ClassifierServer(SimpleLitAPI(), accelerator="cpu", devices=1)
     with multiprocessing.Manager() as manager:
-        server._shutdown_event, server.inference_workers = manager.Event(), []
-        server._transport = SimpleNamespace(close=lambda send_sentinel: None)
-        server._start_worker_monitoring(manager, {})
+        start_the_worker_watch(server, manager)
         time.sleep(0.1)  # the watch has looked once and pauses until its next look
         started = time.monotonic()
         server._perform_graceful_shutdown(manager, {}, "normal")
