@@ -34,13 +34,27 @@ def test_decode_benchmark_compares_the_two_decoders():
     assert "torchvision" in printed and "PIL" in printed
 
 
+def test_the_startup_benchmark_refuses_a_folder_that_is_not_lightning_hydra_template(tmp_path):
+    command = [sys.executable, str(TEMPLATE / "benchmarks" / "startup.py"), "--lightning-hydra-template", str(tmp_path)]
+    result = run_bounded(command, 60, cwd=TEMPLATE)
+    assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+        f"error: {tmp_path} holds no src/train.py; give a checkout of lightning-hydra-template"
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.rotated(seconds=50)
-def test_startup_benchmark_times_the_four_commands_and_their_ratio():
-    printed = run_benchmark("startup", "--repeats=1")
-    for name in ("import lightning", "fit --help", "bare Lightning", "fast_dev_run"):
+def test_startup_benchmark_times_the_commands_and_their_ratios(tmp_path):
+    # A stand-in for lightning-hydra-template's checkout: its command must run there, as its debug=fdr.
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text(
+        "import pathlib, sys\nassert sys.argv[1:] == ['debug=fdr'] and pathlib.Path('src/train.py').is_file()\n"
+    )
+    printed = run_benchmark("startup", "--repeats=1", "--lightning-hydra-template", str(tmp_path))
+    for name in ("import lightning", "fit --help", "bare Lightning", "fast_dev_run", "lightning-hydra"):
         assert re.search(rf"^{name}\s+\d+\.\d\d", printed, re.MULTILINE), printed
-    assert re.search(r"^fast_dev_run / bare Lightning, paired by round: median \d+\.\d\dx$", printed, re.MULTILINE)
+    for other in ("bare Lightning", "lightning-hydra"):
+        assert re.search(rf"^fast_dev_run / {other}, paired by round: median \d+\.\d\dx$", printed, re.MULTILINE)
 
 
 @pytest.mark.slow
