@@ -159,6 +159,20 @@ def refusal(monkeypatch, capsys, *args: str) -> str:
     return message
 
 
+@contextlib.contextmanager
+def disk_full_past(size: int):
+    """In this process, for the block: a write that takes any file past `size` bytes fails part of
+    the way, as on a full disk (OSError: File too large; Python ignores the SIGXFSZ that comes with it)."""
+    import resource  # Unix only
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
 def command_env(**extra: str) -> dict[str, str]:
     """The environment of the project's commands in the tests: the package and tests/ (for the
     callbacks in helper_callbacks.py) importable, W&B offline, processes meeting on 127.0.0.1. The

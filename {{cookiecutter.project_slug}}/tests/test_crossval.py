@@ -5,8 +5,11 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import yaml
-from conftest import ON_CPU, on_data, refusal, run_command
+from conftest import ON_CPU, disk_full_past, on_data, refusal, run_command
+
+from {{ cookiecutter.package_name }}.commands import crossval
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
 
@@ -39,3 +42,18 @@ def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in
     # With other options, the runs kept are not the same experiment.
     message = refusal(monkeypatch, capsys, "repeat", "--seeds=0,1", *options, "--model.lr=0.01")
     assert "cv/seeds2 holds runs trained with other options" in message and "--name" in message
+
+
+def test_a_run_whose_metrics_a_full_disk_cut_short_is_trained_again(monkeypatch, capsys, tmp_path):
+    # capsys: the run's printed line must not count against the limit (stdout may be a file).
+    metrics = {f"val/metric{index}": 0.5 for index in range(20)}
+    trained = []
+    monkeypatch.setattr(crossval, "fit_in_folder", lambda options, folder: trained.append(folder) or metrics)
+    runs = {"seed0": ["--seed_everything=0"]}
+    (tmp_path / "seed0").mkdir()
+    with pytest.raises(OSError, match="File too large"), disk_full_past(64):
+        crossval.train_runs(runs, [], tmp_path)
+    assert list((tmp_path / "seed0").iterdir()) == []
+    crossval.train_runs(runs, [], tmp_path)
+    assert trained == [tmp_path / "seed0"] * 2
+    assert json.loads((tmp_path / "seed0" / "metrics.json").read_text()) == metrics

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import command_env, refusal, run_cli, run_command
+from conftest import command_env, disk_full_past, refusal, run_cli, run_command
 from jsonargparse import Namespace
 
 from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
@@ -223,6 +223,16 @@ def test_a_write_interrupted_midway_leaves_the_previous_checkpoint_loadable(monk
                 "--trainer.limit_val_batches=1", "--ckpt_path=auto")  # fmt: skip
     assert saved_step(last) == before
     assert sorted(p.name for p in last.parent.iterdir() if p.name.startswith(".")) == [], "staging file left behind"
+
+
+def test_a_full_disk_while_a_small_file_is_written_leaves_the_old_one(tmp_path):
+    # As every small file that a later run or command reads back is written.
+    kept = tmp_path / "class_names.json"
+    kept.write_text('["cat", "dog"]\n')
+    with pytest.raises(OSError, match="File too large"), disk_full_past(16):
+        checkpoint_io.write_whole(kept, '["' + "long class name " * 10 + '"]\n')
+    assert kept.read_text() == '["cat", "dog"]\n'
+    assert [path.name for path in tmp_path.iterdir()] == ["class_names.json"], "staging file left behind"
 
 
 def test_checkpoints_are_renamed_into_place_from_the_same_folder(monkeypatch, tmp_path):

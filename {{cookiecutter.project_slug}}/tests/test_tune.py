@@ -5,10 +5,11 @@ import sys
 
 import pytest
 import yaml
-from conftest import ON_CPU, refusal, run_command
+from conftest import ON_CPU, disk_full_past, refusal, run_command
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands import tune
+from {{ cookiecutter.package_name }}.commands.tuned_config import update_tuned_config
 from {{ cookiecutter.package_name }}.datasets.shapes import draw_shapes_dataset
 
 
@@ -131,6 +132,15 @@ def test_tuned_settings_add_up_in_one_config_that_fit_reads(monkeypatch, capsys,
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["lr"] == settings["model"]["lr"]
     assert printed["data"]["batch_size"] == settings["data"]["batch_size"]
+
+
+def test_a_full_disk_while_tuned_yaml_is_written_keeps_what_it_held(in_project_copy):
+    update_tuned_config("model.lr", 0.0004, "tune lr")
+    before = (in_project_copy / "configs" / "tuned.yaml").read_text()
+    with pytest.raises(OSError, match="File too large"), disk_full_past(len(before)):
+        update_tuned_config("data.batch_size", 96, "tune batch_size")
+    assert (in_project_copy / "configs" / "tuned.yaml").read_text() == before
+    assert not list((in_project_copy / "configs").glob(".*")), "staging file left behind"
 
 
 def test_tune_takes_options_whole_as_fit_does(monkeypatch, capsys, in_project_copy):

@@ -22,6 +22,7 @@ from .errors import ConfigError, DataError
 from .hardware.sharding import cast_buffers_with_parameters, fully_shard_blocks, shards_weights, share_buffers
 from .training import random_state
 from .training.batch_mixing import BatchMixing
+from .training.checkpoint_io import write_whole
 from .training.metrics import MeanPerImage, classification_metrics
 from .training.reports import write_report
 from .training.run_folders import mark_finished, mark_unfinished
@@ -442,7 +443,7 @@ class ImageClassifier(L.LightningModule):
             return
         mark_unfinished(folder)  # until this fit ends: --ckpt_path auto continues it if it does not
         if self.hparams.class_names:  # the label order next to the checkpoints, for tools that read none
-            (folder / "class_names.json").write_text(json.dumps(self.hparams.class_names, indent=2) + "\n")
+            write_whole(folder / "class_names.json", json.dumps(self.hparams.class_names, indent=2) + "\n")
 
     def on_fit_end(self) -> None:
         # Not reached when a run is interrupted (SIGTERM, an error): --ckpt_path auto then goes on with it.

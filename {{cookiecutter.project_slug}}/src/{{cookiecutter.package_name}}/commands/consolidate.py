@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoin
 from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
 from ..errors import PACKAGE, DataError
+from ..training.checkpoint_io import written_whole
 
 
 def consolidate(folder: Path, output: Path) -> None:
@@ -25,7 +26,8 @@ def consolidate(folder: Path, output: Path) -> None:
         checkpoint = _load_distributed_checkpoint(folder)
         if "model" not in checkpoint:  # FSDP2 stores the weights as "state_dict", FSDP1 as "model"
             checkpoint["model"] = checkpoint.pop("state_dict")
-        torch.save(_format_checkpoint(checkpoint), output)
+        with written_whole(output, "wb") as file:  # a half-written .ckpt would fail in export or classify
+            torch.save(_format_checkpoint(checkpoint), file)
     elif (folder / "latest").is_file():  # DeepSpeed names its newest tag in `latest`
         convert_zero_checkpoint_to_fp32_state_dict(folder, output)
     else:

@@ -18,6 +18,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from ..errors import PACKAGE, ConfigError
+from ..training.checkpoint_io import write_whole
 from .experiment_runs import fit_in_folder, run_per_gpu, visible_gpus, without_option, worker_part
 
 CV = Path("cv")
@@ -55,7 +56,7 @@ def check_same_options(folder: Path, cli_args: list[str]) -> None:
         earlier = " ".join(json.loads(kept.read_text())) or "no options"
         raise ConfigError(f"{folder} holds runs trained with other options ({earlier}): pass --name for a new set")
     folder.mkdir(parents=True, exist_ok=True)
-    kept.write_text(json.dumps(cli_args))
+    write_whole(kept, json.dumps(cli_args))
 
 
 def train_runs(runs: dict[str, list[str]], cli_args: list[str], folder: Path) -> None:
@@ -67,7 +68,8 @@ def train_runs(runs: dict[str, list[str]], cli_args: list[str], folder: Path) ->
             continue
         print(f"{name}: {' '.join(options)}", flush=True)
         metrics = fit_in_folder([*cli_args, *options], folder / name)
-        kept.write_text(json.dumps(metrics, indent=1))
+        # Whole or not at all: its presence tells the next call that this run is done.
+        write_whole(kept, json.dumps(metrics, indent=1))
 
 
 def spread(values: list[float]) -> tuple[float, float]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import PACKAGE
+from ..training.checkpoint_io import write_whole
 
 TUNED_CONFIG = Path("configs/tuned.yaml")
 
@@ -26,4 +27,5 @@ def update_tuned_config(key: str, value, how: str) -> None:
     notes.append(f"# {key}: {how}; on {platform.node()}, {date.today()}")
     header = f"# Measured on this machine. Use with: python -m {PACKAGE} fit --config {TUNED_CONFIG}"
     TUNED_CONFIG.parent.mkdir(parents=True, exist_ok=True)
-    TUNED_CONFIG.write_text("\n".join([header, *notes]) + "\n" + yaml.safe_dump(tuned, sort_keys=True))
+    # Whole or not at all: it keeps what earlier measurements found.
+    write_whole(TUNED_CONFIG, "\n".join([header, *notes]) + "\n" + yaml.safe_dump(tuned, sort_keys=True))

@@ -21,6 +21,7 @@ from torchvision.transforms import v2
 
 from ..errors import ConfigError, MissingError
 from ..hardware.network import is_remote
+from ..training.checkpoint_io import write_whole
 from .images import labelled_image
 from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
 
@@ -131,10 +132,7 @@ def write_manifest(location: str, manifest: dict) -> None:
             local.write_text(text)
             _get_fs_provider(location).upload_file(str(local), join(location, MANIFEST))
     else:
-        # Written beside its place, not in /tmp: a file cannot be renamed onto another file system.
-        partial = Path(location) / f".{MANIFEST}.partial"
-        partial.write_text(text)
-        os.replace(partial, Path(location) / MANIFEST)
+        write_whole(Path(location) / MANIFEST, text)
 
 
 def write_split(encode: Callable[[Any], dict], inputs: list, location: str, workers: int, chunk_bytes: str) -> None:

@@ -1,13 +1,15 @@
 """Checkpoints that are either the old one or the new one, never half of one: files (through the
-checkpoint plugin) and the folders of shards that FSDP and DeepSpeed write (through the Trainer)."""
+checkpoint plugin) and the folders of shards that FSDP and DeepSpeed write (through the Trainer);
+and the small files runs and commands keep (`written_whole`)."""
 
 import contextlib
 import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import lightning as L
 import torch
@@ -42,15 +44,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_staging(path.parent)
-        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with staging.open("wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(staging, path)
-        finally:
-            staging.unlink(missing_ok=True)
+        with written_whole(path, "wb") as file:
+            torch.save(checkpoint, file)
+
+
+@contextlib.contextmanager
+def written_whole(path: Path, mode: str = "w") -> Iterator[IO]:
+    """A file to write `path`'s new content into, renamed onto `path` once the block ends and the
+    content is on disk: a kill or a full disk while writing leaves the old file as it was."""
+    # Beside its place, not in /tmp: a rename cannot cross file systems.
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with staging.open(mode) as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+def write_whole(path: Path, text: str) -> None:
+    with written_whole(path) as file:
+        file.write(text)
 
 
 class Trainer(L.Trainer):

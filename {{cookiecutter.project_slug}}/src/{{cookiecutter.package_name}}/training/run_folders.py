@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, MissingError
-from .checkpoint_io import complete_replace
+from .checkpoint_io import complete_replace, write_whole
 
 FINISHED = "finished.json"
 
@@ -58,7 +58,7 @@ def check_writable(folder: Path, option: str) -> None:
 
 
 def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:
-    (checkpoints / FINISHED).write_text(json.dumps({"epoch": epoch, "step": step}) + "\n")
+    write_whole(checkpoints / FINISHED, json.dumps({"epoch": epoch, "step": step}) + "\n")
 
 
 def mark_unfinished(checkpoints: Path) -> None:
