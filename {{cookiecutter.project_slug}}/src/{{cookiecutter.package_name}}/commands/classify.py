@@ -15,7 +15,6 @@ import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..data import image_files_under
-from ..datasets.images import UnreadableImageError
 from ..errors import PACKAGE, MissingError
 from ..training.predictions import csv_header, csv_row, top_classes
 from ..training.resume import check_checkpoint
@@ -46,7 +45,7 @@ def classify(predictor: Predictor, paths: list[Path], batch_size: int, top_k: in
             try:
                 batch.append(predictor.prepare(str(path)))
                 readable.append(path)
-            except (RuntimeError, OSError, ValueError, UnreadableImageError) as error:
+            except (RuntimeError, OSError, ValueError) as error:  # ValueError: our DataErrors too
                 warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
         if batch:
             probabilities = predictor(torch.stack(batch))

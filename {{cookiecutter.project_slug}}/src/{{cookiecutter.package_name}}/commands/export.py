@@ -18,11 +18,12 @@ import torch
 
 from ..data import checkpoint_preprocessing
 from ..datasets.images import read_rgb
-from ..errors import PACKAGE, MissingError
+from ..errors import PACKAGE
 from ..model import ImageClassifier
+from ..training.resume import saved_checkpoint
 from ..transforms import Preprocessing
 from .classify import image_files
-from .predictor import ONNX_PREPROCESSING_KEY, ServedClassifier, saved_state
+from .predictor import ONNX_PREPROCESSING_KEY, ServedClassifier
 
 # Exported and PyTorch probabilities may differ by float rounding, never by more than this.
 TOLERANCE = 1e-4
@@ -32,9 +33,7 @@ ONNX_SINGLE_FILE_BYTES = 1_800_000_000
 
 def sample_images(sources: list[Path], preprocessing: Preprocessing, count: int = 8) -> torch.Tensor:
     """Up to `count` real images, resized and cropped as for evaluation, as one uint8 batch."""
-    paths = image_files(sources)[:count]
-    if not paths:
-        raise MissingError(f"no images in {', '.join(map(str, sources))}")
+    paths = image_files(sources)[:count]  # at least one: it refuses a folder without images
     transform = preprocessing.eval_transform()
     return torch.stack([transform(read_rgb(str(path))) for path in paths])
 
@@ -90,7 +89,7 @@ def main(args: list[str]) -> int:
         parser.error(f"{options.checkpoint} is not a checkpoint file (a sharded folder needs `consolidate` first).")
 
     model = ImageClassifier.load_from_checkpoint(options.checkpoint, map_location="cpu", weights_only=True).eval()
-    saved = saved_state(options.checkpoint)
+    saved = saved_checkpoint(options.checkpoint)
     preprocessing = checkpoint_preprocessing(saved)
     sources = options.images or [Path(saved.get("datamodule_hyper_parameters", {}).get("data_dir", "data"))]
     side = preprocessing.image_size

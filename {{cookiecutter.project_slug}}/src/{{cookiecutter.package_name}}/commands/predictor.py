@@ -14,6 +14,7 @@ from ..data import checkpoint_preprocessing
 from ..datasets.images import read_rgb
 from ..errors import ConfigError, DataError, MissingError
 from ..model import ImageClassifier
+from ..training.resume import saved_checkpoint
 from ..transforms import Preprocessing
 
 # The ONNX metadata key of the preprocessing settings, as Preprocessing.as_dict gives them.
@@ -30,11 +31,6 @@ class ServedClassifier(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(self.preprocessing.normalize(images)).softmax(-1)
-
-
-def saved_state(checkpoint: Path) -> dict:
-    """A checkpoint's contents, memory-mapped: weights that load_from_checkpoint reads are not read twice."""
-    return torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
 
 
 def onnx_session(model: Path, device: str = "cpu"):
@@ -74,7 +70,7 @@ class Predictor:
             self.preprocessing = Preprocessing.from_dict(json.loads(metadata[ONNX_PREPROCESSING_KEY]))
             self.class_names = json.loads(metadata["class_names"])
         else:
-            saved = saved_state(model)
+            saved = saved_checkpoint(model)
             # Prepared as in training, whatever the configuration says now: the checkpoint records how.
             self.preprocessing = checkpoint_preprocessing(saved)
             hyper_parameters = saved.get("hyper_parameters", {})
