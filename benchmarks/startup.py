@@ -73,14 +73,15 @@ def commands(folder: Path, project: Path, env: dict[str, str], hydra_template: P
         "fast_dev_run": ([*fit, "--trainer.fast_dev_run=true"], project, env),
     }
     if hydra_template:
-        # Its debug=fdr: a fast_dev_run on the CPU, no workers, its test stage too, no logger.
+        # Its debug=fdr: a fast_dev_run on the CPU, no workers, no logger, its test stage too; anomaly
+        # detection on, DEBUG logging, its config tree printed and a run folder written in its checkout.
         runs[HYDRA] = ([sys.executable, "src/train.py", "debug=fdr"], hydra_template, dict(os.environ))
     return runs
 
 
 def seconds(command: list[str], cwd: Path, env: dict[str, str]) -> float:
     started = time.perf_counter()
-    run = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    run = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, errors="replace")
     elapsed = time.perf_counter() - started
     if run.returncode:
         sys.exit(f"{run.stdout[-3000:]}{run.stderr[-3000:]}\nerror: `{' '.join(command)}` in {cwd} failed (above)")
