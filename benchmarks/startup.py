@@ -73,8 +73,8 @@ def commands(folder: Path, project: Path, env: dict[str, str], hydra_template: P
         "fast_dev_run": ([*fit, "--trainer.fast_dev_run=true"], project, env),
     }
     if hydra_template:
-        # Its debug=fdr: a fast_dev_run on the CPU, no workers, no logger, its test stage too; anomaly
-        # detection on, DEBUG logging, its config tree printed and a run folder written in its checkout.
+        # Its debug=fdr does work fit's fast_dev_run does not (a test batch, anomaly detection, DEBUG
+        # logging, its config tree, a run folder in its checkout): read the ratio with that in mind.
         runs[HYDRA] = ([sys.executable, "src/train.py", "debug=fdr"], hydra_template, dict(os.environ))
     return runs
 
