@@ -5,6 +5,7 @@ fails on any other warning a short run prints."""
 import logging
 import warnings
 
+# Each pattern matches a message from its start, as warnings.filterwarnings reads it.
 SILENCED_WARNINGS = [
     # Lightning checks pytree specs in a way newer torch deprecates: nothing in the run to change.
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",
@@ -14,8 +15,8 @@ SILENCED_WARNINGS = [
     # Streaming data: LitData gives each data worker its own share, so the length is right.
     r"Your `IterableDataset` has `__len__` defined",
 {%- endif %}
-    # A mid-epoch checkpoint: the data module resumes the epoch's data itself (data.py, EpochSampler).
-    r"your dataloader is not resumable",
+    # A mid-epoch checkpoint: the data module resumes the epoch's data itself (datasets/sampling.py).
+    r"You're resuming from a checkpoint that ended before the epoch ended",
 ]
 
 
