@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 {%- if cookiecutter.logger == "wandb" %}
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 {%- else %}
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 {%- endif %}
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -39,6 +39,9 @@ from .training.progress import LogLines
 from .training.quiet import silence_dependency_noise
 from .training.resume import (
     ALLOW_CHANGES,
+{%- if cookiecutter.logger != "wandb" %}
+    SaveConfigWhole,
+{%- endif %}
     check_checkpoint,
     first_logger,
     resolve_resume,
@@ -59,7 +62,7 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 {%- if cookiecutter.logger == "wandb" %}
 SAVE_CONFIG = SaveConfigToRun
 {%- else %}
-SAVE_CONFIG = SaveConfigCallback
+SAVE_CONFIG = SaveConfigWhole
 {%- endif %}
 # The command line being run.
 GIVEN: list[str] = []

@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 import yaml
 from jsonargparse import Namespace
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..errors import PACKAGE, ConfigError, DataError, MissingError
 from ..hardware.network import is_remote
-from .checkpoint_io import complete_replace, is_sharded_checkpoint
+from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
 from .run_folders import finished, last_checkpoints
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
@@ -114,6 +115,23 @@ def run_configs(run: Path) -> list[Path]:
 def resumed_config_name() -> str:
     """The file a resume writes its config to, beside the run's config.yaml, which stays as it was."""
     return f"config_resumed_{time.strftime('%Y%m%d-%H%M%S')}.yaml"
+
+
+class SaveConfigWhole(SaveConfigCallback):
+    """LightningCLI's saving of a run's config, written whole: a resume reads the newest one back to
+    compare options, and Lightning writes it in place (a kill while it wrote left half a file)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
+        folder = trainer.log_dir  # a collective call: every process asks
+        if trainer.is_global_zero:
+            self.write(Path(folder))
+        self.already_saved = True
+
+    def write(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_whole(folder / self.config_filename, self.parser.dump(self.config, skip_unset=False))
 
 
 def as_plain(options: Namespace | dict | None) -> dict:

@@ -7,13 +7,13 @@ from urllib.parse import urlparse
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from ..errors import PACKAGE
 from ..hardware.network import reachable
 from .csv_logging import AppendingExperimentWriter
+from .resume import SaveConfigWhole
 
 
 def go_offline_unless_reachable() -> None:
@@ -117,7 +117,7 @@ class BestModelWandbLogger(WandbLogger):
         super().after_save_checkpoint(checkpoint_callback)
 
 
-class SaveConfigToRun(SaveConfigCallback):
+class SaveConfigToRun(SaveConfigWhole):
     """With W&B, save the resolved config as config.yaml in the run's folder and in the W&B run.
 
     LightningCLI's default writes it to trainer.log_dir, which for W&B is the folder all runs
@@ -130,9 +130,7 @@ class SaveConfigToRun(SaveConfigCallback):
             super().setup(trainer, pl_module, stage)
             return
         if trainer.is_global_zero and not self.already_saved:
-            run_dir = run_folder(logger)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self.parser.save(self.config, run_dir / self.config_filename, overwrite=True)
+            self.write(run_folder(logger))
             if stage == "fit":  # an evaluation resumes its training run: keep that run's config
                 logger.log_hyperparams({"config": self.config.as_dict()})
         self.already_saved = True
