@@ -36,7 +36,7 @@ from .model import ImageClassifier, check_same_classes, check_same_optimizer_lay
 from .training.callbacks import EndWithLauncher
 from .training.checkpoint_io import Trainer
 from .training.progress import LogLines
-from .training.quiet import silence_dependency_noise
+from .training.quiet import silence_dependency_noise, silence_resume_notice
 from .training.resume import (
     ALLOW_CHANGES,
 {%- if cookiecutter.logger != "wandb" %}
@@ -260,6 +260,7 @@ class ClassifierCLI(LightningCLI):
         if resolve_resume(config, self.subcommand):
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
             self.save_config_kwargs["config_filename"] = resumed_config_name()
+            silence_resume_notice()
         if self.subcommand in ("validate", "test", "predict"):
             # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.
             self.save_config_kwargs["config_filename"] = f"config_{self.subcommand}.yaml"

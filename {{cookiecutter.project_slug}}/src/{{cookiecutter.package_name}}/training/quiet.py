@@ -33,6 +33,11 @@ def silence_dependency_noise() -> None:
 {%- endif %}
 
 
+def silence_resume_notice() -> None:
+    # Lightning warns of a checkpoint folder that holds files: a resume goes on in its run's own folder.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+
+
 def drop_advertising(record: logging.LogRecord) -> bool:
     # Lightning recommends its cloud logger at every start when none is in use.
     return not record.getMessage().startswith("💡 Tip")
