@@ -22,11 +22,7 @@ import torch
 import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
-{%- if cookiecutter.logger == "wandb" %}
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-{%- else %}
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-{%- endif %}
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .data import ImageDataModule, TooFewClassesError
@@ -260,7 +256,7 @@ class ClassifierCLI(LightningCLI):
         if resolve_resume(config, self.subcommand):
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
             self.save_config_kwargs["config_filename"] = resumed_config_name()
-            silence_resume_notice()
+            silence_resume_notice(Path(config.ckpt_path).parent)
         if self.subcommand in ("validate", "test", "predict"):
             # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.
             self.save_config_kwargs["config_filename"] = f"config_{self.subcommand}.yaml"

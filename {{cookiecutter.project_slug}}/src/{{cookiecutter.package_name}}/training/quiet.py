@@ -3,7 +3,10 @@ here with the reason for each, so that what a run prints is worth reading. tests
 fails on any other warning a short run prints."""
 
 import logging
+import os
+import re
 import warnings
+from pathlib import Path
 
 # Each pattern matches a message from its start, as warnings.filterwarnings reads it.
 SILENCED_WARNINGS = [
@@ -33,9 +36,10 @@ def silence_dependency_noise() -> None:
 {%- endif %}
 
 
-def silence_resume_notice() -> None:
-    # Lightning warns of a checkpoint folder that holds files: a resume goes on in its run's own folder.
-    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+def silence_resume_notice(checkpoints: Path) -> None:
+    # Lightning warns of a checkpoint folder that holds files: a resume goes on in its run's own.
+    folder = re.escape(f"{checkpoints.parent.name}{os.sep}{checkpoints.name}")
+    warnings.filterwarnings("ignore", message=rf"Checkpoint directory .*{folder} exists and is not empty")
 
 
 def drop_advertising(record: logging.LogRecord) -> bool:

@@ -119,14 +119,19 @@ def resumed_config_name() -> str:
 
 class SaveConfigWhole(SaveConfigCallback):
     """LightningCLI's saving of a run's config, written whole: a resume reads the newest one back to
-    compare options, and Lightning writes it in place (a kill while it wrote left half a file)."""
+    compare options, and Lightning writes it in place (a kill while it wrote left half a file). It
+    always overwrites: a resume's config has a name of its own."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.already_saved:
             return
         folder = trainer.log_dir  # a collective call: every process asks
+        if is_remote(folder):  # object storage: Lightning's own save
+            super().setup(trainer, pl_module, stage)
+            return
         if trainer.is_global_zero:
             self.write(Path(folder))
+            self.save_config(trainer, pl_module, stage)
         self.already_saved = True
 
     def write(self, folder: Path) -> None:

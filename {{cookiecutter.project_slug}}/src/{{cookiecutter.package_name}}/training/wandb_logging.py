@@ -121,7 +121,7 @@ class SaveConfigToRun(SaveConfigWhole):
     """With W&B, save the resolved config as config.yaml in the run's folder and in the W&B run.
 
     LightningCLI's default writes it to trainer.log_dir, which for W&B is the folder all runs
-    share, so the second run would find the first one's file; other loggers keep the default.
+    share, so the second run would find the first one's file; other loggers' log_dir is their run's own.
     """
 
     def setup(self, trainer, pl_module, stage: str) -> None:
