@@ -37,8 +37,8 @@ def silence_dependency_noise() -> None:
 
 
 def silence_resume_notice(checkpoints: Path) -> None:
-    # Lightning warns of a checkpoint folder that holds files: a resume goes on in its run's own.
-    folder = re.escape(f"{checkpoints.parent.name}{os.sep}{checkpoints.name}")
+    # Lightning warns of a checkpoint folder that holds files: a resume goes on in its run's own folder.
+    folder = re.escape(f"{os.sep}{checkpoints.parent.name}{os.sep}{checkpoints.name}")
     warnings.filterwarnings("ignore", message=rf"Checkpoint directory .*{folder} exists and is not empty")
 
 

@@ -126,7 +126,7 @@ class SaveConfigWhole(SaveConfigCallback):
         if self.already_saved:
             return
         folder = trainer.log_dir  # a collective call: every process asks
-        if is_remote(folder):  # object storage: Lightning's own save
+        if is_remote(folder):  # object storage, where each object is written whole: Lightning's own save
             super().setup(trainer, pl_module, stage)
             return
         if trainer.is_global_zero:

@@ -133,4 +133,5 @@ class SaveConfigToRun(SaveConfigWhole):
             self.write(run_folder(logger))
             if stage == "fit":  # an evaluation resumes its training run: keep that run's config
                 logger.log_hyperparams({"config": self.config.as_dict()})
+            self.save_config(trainer, pl_module, stage)
         self.already_saved = True
