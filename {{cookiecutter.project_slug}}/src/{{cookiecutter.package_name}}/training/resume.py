@@ -130,13 +130,15 @@ class SaveConfigWhole(SaveConfigCallback):
             super().setup(trainer, pl_module, stage)
             return
         if trainer.is_global_zero:
-            self.write(Path(folder))
+            folder = self.run_folder(trainer, folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            write_whole(folder / self.config_filename, self.parser.dump(self.config, skip_unset=False))
             self.save_config(trainer, pl_module, stage)
         self.already_saved = True
 
-    def write(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_whole(folder / self.config_filename, self.parser.dump(self.config, skip_unset=False))
+    def run_folder(self, trainer, log_dir: str) -> Path:
+        """The run's own folder, where its config goes (rank 0 only)."""
+        return Path(log_dir)
 
 
 def as_plain(options: Namespace | dict | None) -> dict:

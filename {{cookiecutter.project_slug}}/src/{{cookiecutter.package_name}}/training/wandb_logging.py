@@ -124,14 +124,12 @@ class SaveConfigToRun(SaveConfigWhole):
     share, so the second run would find the first one's file; other loggers' log_dir is their run's own.
     """
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        logger = trainer.logger
-        if not isinstance(logger, WandbLogger):
-            super().setup(trainer, pl_module, stage)
-            return
-        if trainer.is_global_zero and not self.already_saved:
-            self.write(run_folder(logger))
-            if stage == "fit":  # an evaluation resumes its training run: keep that run's config
-                logger.log_hyperparams({"config": self.config.as_dict()})
-            self.save_config(trainer, pl_module, stage)
-        self.already_saved = True
+    def run_folder(self, trainer, log_dir: str) -> Path:
+        if isinstance(trainer.logger, WandbLogger):
+            return run_folder(trainer.logger)
+        return super().run_folder(trainer, log_dir)
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        # An evaluation resumes its training run: keep that run's config.
+        if isinstance(trainer.logger, WandbLogger) and stage == "fit":
+            trainer.logger.log_hyperparams({"config": self.config.as_dict()})
