@@ -1,12 +1,16 @@
 import hashlib
+import json
 import logging
 import os
+import struct
 import sys
 
 import pytest
 import torch
 import wandb
+import yaml
 from conftest import ON_CPU
+from wandb.proto import wandb_internal_pb2
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.training.wandb_logging import go_offline_unless_reachable
@@ -20,6 +24,26 @@ def on_data(folder) -> list[str]:
 
 def digest(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def wandb_config(record) -> dict:
+    """The config of an offline W&B run, read from its run-<id>.wandb file as `wandb sync` reads it:
+    protobuf records in 32 KiB blocks, each piece behind a 7-byte header (checksum, length, type)."""
+    data, block, position = record.read_bytes(), 32768, 7  # after the file's own 7-byte header
+    config, pieces = {}, b""
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # too little room left for a header: the block is padded
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        pieces += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            parsed = wandb_internal_pb2.Record.FromString(pieces)
+            pieces = b""
+            if parsed.WhichOneof("record_type") == "config":
+                config |= {item.key: json.loads(item.value_json) for item in parsed.config.update}
+    return config
 
 
 @pytest.fixture
@@ -52,15 +76,21 @@ def test_explicit_mode_is_left_alone(no_wandb_settings, monkeypatch):
     assert os.environ["WANDB_MODE"] == "disabled"
 
 
-def test_each_run_keeps_its_own_config(monkeypatch, in_project_copy, tiny_shapes):
-    argv = ["fit", *ON_CPU, *ONE_BATCH, *on_data(tiny_shapes)]
-    for _ in range(2):
+def test_each_run_keeps_its_config_in_its_folder_and_in_its_wandb_record(monkeypatch, in_project_copy, tiny_shapes):
+    for lr in (0.001, 0.003):
+        argv = ["fit", *ON_CPU, *ONE_BATCH, *on_data(tiny_shapes), f"--model.lr={lr}"]
         monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *argv])
         main()
         wandb.finish()  # what the end of a process does between two real runs
     configs = list((in_project_copy / "runs").glob("*/*/config.yaml"))  # runs/<project>/<run>/
-    assert len(configs) == 2
-    assert len(list((in_project_copy / "runs" / "wandb").glob("offline-run-*"))) == 2
+    assert sorted(yaml.safe_load(config.read_text())["model"]["lr"] for config in configs) == [0.001, 0.003]
+    for config in configs:
+        run_id = config.parent.name
+        (record,) = (in_project_copy / "runs" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+        saved, logged = yaml.safe_load(config.read_text()), wandb_config(record)["config"]
+        assert logged["seed_everything"] == saved["seed_everything"]
+        for section in ("model", "data"):  # the record also holds what links fill in (model.batch_size, ...)
+            assert {name: logged[section][name] for name in saved[section]} == saved[section]
 
 
 def test_runs_with_another_logger_still_save_their_config(monkeypatch, in_project_copy, tiny_shapes):
