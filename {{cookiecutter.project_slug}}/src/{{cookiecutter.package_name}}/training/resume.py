@@ -79,10 +79,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         return False
     if subcommand != "fit" and logger.class_path == "lightning.pytorch.loggers.CSVLogger":
         return False  # it deletes the metrics.csv of a folder it reuses (csv_logging.py's logger appends)
-    if logger.class_path.endswith("WandbLogger"):
-        logger.init_args.id = run  # W&B resumes the run with that id
-    else:
-        logger.init_args.version = run
+    logger.init_args.version = run  # W&B's logger takes it for the id of the run to resume
     return subcommand == "fit"
 
 

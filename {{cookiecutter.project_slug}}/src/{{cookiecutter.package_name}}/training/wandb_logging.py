@@ -3,6 +3,7 @@
 import netrc
 import os
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlparse
 
 import torch
@@ -64,8 +65,41 @@ class BestModelWandbLogger(WandbLogger):
     best and move the artifact's "best" alias onto it.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        project: str | None = None,
+        name: str | None = None,
+        save_dir: str = ".",
+        log_model: bool | Literal["all"] = False,
+        version: str | None = None,
+        offline: bool = False,
+        entity: str | None = None,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        notes: str | None = None,
+        job_type: str | None = None,
+    ) -> None:
+        """
+        Args:
+            project: the W&B project.
+            name: the run's display name (W&B makes one up when None).
+            save_dir: the folder of W&B's files (wandb/) and of the run folders (<project>/<run id>/).
+            log_model: upload the best checkpoint as an artifact when training ends (true), or each new best (all).
+            version: the run's id; `fit --ckpt_path auto` sets it to continue a run.
+            offline: log offline, as WANDB_MODE=offline does.
+            entity: the W&B team or user the run belongs to.
+            group: the group of runs it belongs to.
+            tags: its tags.
+            notes: a note on the run.
+            job_type: the kind of run, to filter by.
+        """
+        # Listed here, not passed on as **kwargs: LightningCLI would read WandbLogger's own signature,
+        # whose annotations import wandb (a second or more) at every parse, `--help` and fast_dev_run
+        # included, long before a run logs. Other wandb.init settings: its WANDB_* environment variables.
+        super().__init__(
+            name=name, save_dir=save_dir, version=version, offline=offline, project=project, log_model=log_model,
+            entity=entity, group=group, tags=tags, notes=notes, job_type=job_type,
+        )  # fmt: skip
         self._local_metrics: AppendingExperimentWriter | None = None
 
     @rank_zero_only
