@@ -4,6 +4,7 @@ user's business or silenced at its source (training/quiet.py) or fixed."""
 import re
 import sys
 
+import torch
 from conftest import ON_CPU, command_env, run_group
 
 # Each entry: a pattern of a warning that a normal run on this test's CPU may print, and why it stays.
@@ -39,6 +40,21 @@ def test_a_short_fit_and_its_evaluation_print_no_stray_warning_and_end_at_once(i
         assert "\x1b[" not in done.stdout + done.stderr, f"{args[0]}: colour codes in piped output"
         # The model summary counts the FLOPs of one image (Lightning says 0 when it has none to run).
         assert not re.search(r"Total FLOPs: 0\b|\b0\s+Total Flops", done.stdout + done.stderr), done.stdout
+
+
+def test_a_fit_that_max_steps_stops_before_its_first_validation_ends_well_with_its_checkpoint(
+    in_project_copy, tiny_shapes
+):
+    # 9 batches an epoch, 2 trained: no validation ran, so there is no val/acc to stop early on.
+    short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
+             "--trainer.max_steps=2", "--trainer.log_every_n_steps=1"]  # fmt: skip
+    done = run_group([*COMMAND, "fit", *short], 300, cwd=in_project_copy, env=command_env())
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    # Lightning's one word on it: the checkpoint that keeps the best val/acc had none to compare.
+    no_best = r"`ModelCheckpoint\(monitor='val/acc'\)` could not find the monitored key"
+    assert [line for line in warnings_in(done.stdout + done.stderr) if not re.search(no_best, line)] == []
+    (last,) = in_project_copy.glob("runs/*/*/checkpoints/last.ckpt")
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 2
 
 
 def test_the_tools_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes):
