@@ -1,21 +1,26 @@
-"""Training-loop overhead: the generated project's Lightning loop against a plain PyTorch loop.
+"""Training-loop overhead: the generated project's `fit`, as its defaults build it, against a plain PyTorch loop.
 
 Run from the template's root:
 
-    .venv/bin/python benchmarks/parity.py [--steps 30] [--warmup 5] [--repeats 5] [--num-workers 0]
-                                          [--precision bf16-mixed|32-true] [--batch-size 64]
+    .venv/bin/python benchmarks/parity.py [--steps 30] [--warmup 5] [--repeats 5]
+                                          [--precision P] [--num-workers N] [--batch-size B]
 
-A project is rendered from the template into a temporary folder and imported from there, so the
-figures follow the template as it changes. Both loops train a fresh ImageClassifier (resnet18,
-64 px, 6 classes, from scratch) from the same seed on the same batches of the project's shapes
-dataset, with the same precision and the hooks Lightning would call (configure_model,
-configure_optimizers with its AdamW and warmup-cosine schedule, the data module's
-on_after_batch_transfer). Each repetition runs the two loops one after the other, in alternating
-order, within one epoch, and times each step after the warmup ones from the end of the step before
-(so data loading and all loop overhead count). The first table gives each repetition's median ms
-per step of each loop, their ratio (Lightning / plain) and each loop's last loss: equal losses
-show that both loops did the same computation. The summary pools the timed steps of all
-repetitions and gives the ratio of the median ms per step.
+A project is rendered from the template with the default answers into a temporary folder and
+imported from there, so the figures follow the template as it changes. The Lightning side is what
+`fit` builds from the project's configs (its trainer preset and configs/default.yaml) on image
+files of the project's shapes dataset: the data workers, augmentation, metrics, callbacks,
+progress lines, the W&B logger (offline, as without an API key) and the precision the hardware
+rules choose; only a step timer is added. The plain loop trains a model and data module built the
+same way (same seed, same batches and augmentation, same workers) with a hand-written loop: the
+model's forward, loss and metric updates, backward, AdamW and its warmup-cosine schedule, and the
+hooks Lightning would call (configure_model, the data module's on_after_batch_transfer); no
+logging, callbacks or progress. The options above override the configs' values, which are the
+defaults. Each repetition runs the two loops one after the other, in alternating order, within one
+epoch, and times each step after the warmup ones from the end of the step before (so data loading
+and all loop overhead count). The first table gives each repetition's median ms per step of each
+loop, their ratio (Lightning / plain) and each loop's last loss: equal losses show that both loops
+did the same computation. The summary pools the timed steps of all repetitions and gives the ratio
+of the median ms per step.
 """
 
 import argparse
@@ -35,36 +40,34 @@ from types import SimpleNamespace
 import lightning as L
 import torch
 import torch.nn.functional as F
-from rendered import render_project
+from rendered import ROOT, render_project
 
 
 class Project:
-    """The rendered project's model and data, built alike for both loops."""
+    """The rendered project, and the model, data and trainer its `fit` builds, alike for both loops."""
 
-    def __init__(self, src: Path, data_dir: Path, args, total: int) -> None:
+    def __init__(self, src: Path, args, total: int) -> None:
         sys.path.insert(0, str(src))
-        from image_classifier.data import ImageDataModule
+        os.chdir(src.parent)  # where `fit` runs: its configs/ and runs/
+        from image_classifier import cli
         from image_classifier.datasets.shapes import CLASSES, draw_shapes_dataset
-        from image_classifier.model import ImageClassifier
 
-        self.ImageDataModule, self.ImageClassifier = ImageDataModule, ImageClassifier
-        # One epoch holds every step, so no epoch-end work lands in the timed steps. The one val
-        # image per class only gives the folder layout; validation is off.
-        per_class = math.ceil((total + 1) * args.batch_size / len(CLASSES))
-        self.data_dir = draw_shapes_dataset(data_dir, images_per_class={"train": per_class, "val": 1}, size=64)
+        self.cli = cli
+        # One epoch holds every step of a batch size up to 64, so no epoch-end work (validation,
+        # checkpoints) lands in the timed steps. The one val image per class only gives the folder layout.
+        per_class = math.ceil((total + 1) * max(args.batch_size or 64, 64) / len(CLASSES))
+        data_dir = draw_shapes_dataset(Path("shapes"), images_per_class={"train": per_class, "val": 1}, size=64)
+        given = {"trainer.precision": args.precision, "data.num_workers": args.num_workers,
+                 "data.batch_size": args.batch_size}  # fmt: skip
+        self.options = [f"--data.data_dir={data_dir}", "--data.synthetic=false", f"--trainer.max_steps={total}"]
+        self.options += [f"--{name}={value}" for name, value in given.items() if value is not None]
 
-    def build(self, args):
-        datamodule = self.ImageDataModule(
-            data_dir=self.data_dir, batch_size=args.batch_size, num_workers=args.num_workers, image_size=64
-        )
-        model = self.ImageClassifier(
-            num_classes=datamodule.num_classes,
-            class_names=datamodule.class_names,
-            backbone="resnet18",
-            pretrained=False,
-            batch_size=args.batch_size,
-        )
-        return datamodule, model
+    def build(self):
+        """The model, data module and trainer, as `fit` with these options would build them."""
+        return self.cli.build(self.options)
+
+    def end_run(self) -> None:
+        self.cli.finish_wandb_run()  # as the end of `fit`'s process does; the next run opens its own
 
 
 def sync(device: torch.device) -> None:
@@ -92,30 +95,18 @@ def step_times(ends: list[float]) -> list[float]:
     return [end - start for start, end in zip(ends[:-1], ends[1:], strict=True)]
 
 
-def run_lightning(project, args, total: int) -> tuple[list[float], float]:
-    L.seed_everything(args.seed, verbose=False)
-    datamodule, model = project.build(args)
+def run_lightning(project: Project, args, total: int) -> tuple[list[float], float]:
+    built = project.build()
     timer = StepTimer(args.warmup)
-    trainer = L.Trainer(
-        accelerator="auto",
-        devices=1,
-        precision=args.precision,
-        max_steps=total,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=[timer],
-    )
-    trainer.fit(model, datamodule)
+    built.trainer.callbacks.append(timer)
+    built.trainer.fit(built.model, built.datamodule)
+    project.end_run()
     return step_times(timer.ends), timer.loss.item()
 
 
-def run_plain(project, args, total: int) -> tuple[list[float], float]:
-    L.seed_everything(args.seed, verbose=False)
-    datamodule, model = project.build(args)
+def run_plain(project: Project, args, total: int) -> tuple[list[float], float]:
+    built = project.build()
+    datamodule, model, precision = built.datamodule, built.model, built.trainer.precision
     # What the model's hooks read from the trainer, for a single device and no accumulation.
     model.trainer = SimpleNamespace(
         estimated_stepping_batches=total,
@@ -133,10 +124,13 @@ def run_plain(project, args, total: int) -> tuple[list[float], float]:
     datamodule.setup("fit")
     loader = datamodule.train_dataloader()
     after_transfer = "on_after_batch_transfer" in vars(type(datamodule))
-    if args.precision == "bf16-mixed":
+    project.resolved = f"{precision}, batch {loader.batch_size}, {loader.num_workers} data workers"
+    if precision == "bf16-mixed":
         autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-    else:
+    elif precision == "32-true":
         autocast = contextlib.nullcontext()
+    else:
+        sys.exit(f"error: the plain loop trains in bf16-mixed or 32-true, not {precision}; pass --precision")
     label_smoothing = model.hparams.label_smoothing
     ends = []
 
@@ -183,26 +177,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per loop and repetition")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--num-workers", type=int, default=0)
-    parser.add_argument("--precision", choices=["bf16-mixed", "32-true"], default="bf16-mixed")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", choices=["bf16-mixed", "32-true"], help="default: the hardware rules' choice")
+    parser.add_argument("--num-workers", type=int, help="default: the config's (auto)")
+    parser.add_argument("--batch-size", type=int, help="default: the config's")
     args = parser.parse_args()
     if args.warmup < 1 or args.steps < 1:
         parser.error("--warmup and --steps must be at least 1")
     total = args.warmup + args.steps
 
-    # Lightning's info lines (and the model's learning-rate line) would break up the table.
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    # Lightning's info lines, the project's and W&B's would break up the table.
+    for name in ("lightning.pytorch", "lightning.fabric", "image_classifier"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
     print(machine())
-    print(
-        f"resnet18, 64 px, batch {args.batch_size}, {args.precision}, num_workers {args.num_workers}, "
-        f"{args.steps} timed steps after {args.warmup} warmup, {args.repeats} repetitions"
-    )
     loops = {"lightning": run_lightning, "plain": run_plain}
     reps = []
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
-        project = Project(render_project(Path(tmp)), Path(tmp) / "shapes", args, total)
+        project = Project(render_project(Path(tmp), "logger=wandb"), args, total)
         for rep in range(args.repeats):
             # Alternate which loop goes first, so neither always inherits the other's warm caches.
             order = list(loops) if rep % 2 == 0 else list(reversed(loops))
@@ -210,6 +201,9 @@ def main() -> None:
             for name in order:
                 reps[-1][name] = loops[name](project, args, total)
                 gc.collect()  # ends the run's persistent loader workers before the next run
+        os.chdir(ROOT)  # out of the folder before it goes
+    print(f"fit {' '.join(project.options)}: resnet18, 64 px, {project.resolved}")
+    print(f"{args.steps} timed steps after {args.warmup} warmup, {args.repeats} repetitions")
 
     # A median per step rather than a mean: a busy machine stalls a few steps for seconds.
     print(

@@ -4,9 +4,10 @@ Run from the template's root:
 
     .venv/bin/python benchmarks/startup.py [--repeats 5] [--lightning-hydra-template CHECKOUT]
 
-A project is rendered from the template into a temporary folder (csv logger) and its shapes dataset
-drawn once. Each repetition runs these fresh processes, in an order that rotates between
-repetitions, so that a slower or busier moment of the machine does not fall on one of them only:
+A project is rendered from the template into a temporary folder with the default answers (the W&B
+logger, offline here as without an API key) and its shapes dataset drawn once. Each repetition runs
+these fresh processes, in an order that rotates between repetitions, so that a slower or busier
+moment of the machine does not fall on one of them only:
   - import lightning: `python -c "import lightning.pytorch"`, the floor every Lightning program pays;
   - fit --help: the project's imports and its command-line parser, without building anything;
   - bare Lightning: a script of the same model (resnet18, 6 classes, 64 px) with no CLI, config or
@@ -98,7 +99,7 @@ def main() -> None:
     if hydra_template and not (hydra_template / "src" / "train.py").is_file():
         sys.exit(f"error: {hydra_template} holds no src/train.py; give a checkout of lightning-hydra-template")
     with tempfile.TemporaryDirectory() as folder:
-        src = render_project(Path(folder))
+        src = render_project(Path(folder), "logger=wandb")  # what users get, not the benchmarks' csv
         project = src.parent
         env = os.environ | {"PYTHONPATH": str(src), "WANDB_MODE": "offline"}
         draw = "from image_classifier.datasets.shapes import draw_shapes_dataset as d; import sys; d(sys.argv[1])"
