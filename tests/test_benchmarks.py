@@ -58,7 +58,7 @@ def test_startup_benchmark_times_the_commands_and_their_ratios(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.rotated(seconds=60)
+@pytest.mark.rotated(seconds=20)
 def test_parity_benchmark_runs_fit_as_configured_beside_the_plain_loop():
     printed = run_benchmark("parity", "--steps=2", "--warmup=1", "--repeats=1", "--batch-size=16")
     # fit's own choices on this CPU: 32-true by the hardware rules, workers by num_workers auto
