@@ -9,7 +9,7 @@ import pytest
 import torch
 import wandb
 import yaml
-from conftest import ON_CPU
+from conftest import ON_CPU, refusal
 from wandb.proto import wandb_internal_pb2
 
 from {{ cookiecutter.package_name }}.cli import main
@@ -91,6 +91,19 @@ def test_each_run_keeps_its_config_in_its_folder_and_in_its_wandb_record(monkeyp
         assert logged["seed_everything"] == saved["seed_everything"]
         for section in ("model", "data"):  # the record also holds what links fill in (model.batch_size, ...)
             assert {name: logged[section][name] for name in saved[section]} == saved[section]
+
+
+def test_a_run_config_from_before_the_logger_listed_its_options_names_those_to_delete(
+    monkeypatch, capsys, in_project_copy
+):
+    # Its logger block holds every option of Lightning's WandbLogger and of wandb.init, most of them null.
+    (in_project_copy / "old.yaml").write_text(
+        "trainer:\n  logger:\n    class_path: {{ cookiecutter.package_name }}.training.wandb_logging.BestModelWandbLogger\n"
+        "    init_args: {project: x, save_dir: runs, dir: null, experiment: null, settings: null}\n"
+    )
+    message = refusal(monkeypatch, capsys, "fit", "--config=old.yaml", "--trainer.fast_dev_run=true")
+    stale = "old.yaml: BestModelWandbLogger takes no dir, experiment, settings"
+    assert message == f"error: {stale}: delete them from the config"
 
 
 def test_runs_with_another_logger_still_save_their_config(monkeypatch, in_project_copy, tiny_shapes):

@@ -8,6 +8,7 @@ hold them, composed by repeating --config (the later file wins).
 import contextlib
 import difflib
 import importlib
+import inspect
 import io
 import logging
 import re
@@ -119,8 +120,11 @@ class SuggestingParser(LightningArgumentParser):
         # A run's config.yaml from before a template update that moved modules: every class it names.
         named = "\n".join([message, *map(text_of, given_configs())])
         moved = [f"{old} is now {new}" for old, new in moved_names(named)]
+        stale = stale_options(given_configs())
         if moved:
             message = f"{'; '.join(moved)}: change the config"
+        elif stale:
+            message = f"{'; '.join(stale)}: delete them from the config"
         print(f"error: {condensed(message)}", file=sys.stderr)
         sys.exit(2)
 
@@ -163,6 +167,39 @@ def moved_names(text: str) -> list[tuple[str, str]]:
         if len(homes) == 1:
             moved.append((old, ".".join((PACKAGE, *homes[0].relative_to(package).with_suffix("").parts, name))))
     return moved
+
+
+def stale_options(paths: list[str]) -> list[str]:
+    """For each class that these configs give options its signature lacks, "<file>: <class> takes no
+    <options>": a run's config.yaml from an earlier version of the project or of a library (the W&B
+    logger's, before it listed its own)."""
+    stale = []
+    for path in paths:
+        try:
+            config = yaml.safe_load(text_of(path))
+        except yaml.YAMLError:
+            continue
+        for entry in class_entries(config):
+            module, _, name = str(entry["class_path"]).rpartition(".")
+            try:
+                parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+            except (ImportError, AttributeError, TypeError, ValueError):
+                continue  # a moved or unknown class: the parser's own message says so
+            if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values()):
+                continue
+            if unknown := [option for option in entry["init_args"] if option not in parameters]:
+                stale.append(f"{path}: {name} takes no {', '.join(unknown)}")
+    return stale
+
+
+def class_entries(config) -> list[dict]:
+    """The entries of a config that name a class and its options (class_path and init_args), at any depth."""
+    if isinstance(config, list):
+        return [entry for item in config for entry in class_entries(item)]
+    if not isinstance(config, dict):
+        return []
+    own = [config] if "class_path" in config and isinstance(config.get("init_args"), dict) else []
+    return own + [entry for value in config.values() for entry in class_entries(value)]
 
 
 def given_configs() -> list[str]:
