@@ -387,7 +387,7 @@ class Validation:
         parity_steps = (
             ["--steps=2", "--warmup=1", "--repeats=1"] if s.dry else ["--steps=50", "--warmup=10", "--num-workers=8"]
         )
-        parity = self.run("parity.py: the project's Lightning loop against a plain PyTorch loop",
+        parity = self.run("parity.py: the project's fit, as configured, against a plain PyTorch loop",
                           [sys.executable, BENCHMARKS / "parity.py", *parity_steps, f"--precision={precision}"],
                           ROOT)  # fmt: skip
         found = re.search(r"lightning / plain \(median ms/step\): (\d+\.\d+)x", parity.output)
