@@ -77,8 +77,10 @@ def test_explicit_mode_is_left_alone(no_wandb_settings, monkeypatch):
 
 
 def test_each_run_keeps_its_config_in_its_folder_and_in_its_wandb_record(monkeypatch, in_project_copy, tiny_shapes):
+    # An absolute runs/: the W&B service, started by an earlier test, writes the record from its own folder.
+    runs = f"--trainer.logger.save_dir={in_project_copy / 'runs'}"
     for lr in (0.001, 0.003):
-        argv = ["fit", *ON_CPU, *ONE_BATCH, *on_data(tiny_shapes), f"--model.lr={lr}"]
+        argv = ["fit", *ON_CPU, *ONE_BATCH, *on_data(tiny_shapes), runs, f"--model.lr={lr}"]
         monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *argv])
         main()
         wandb.finish()  # what the end of a process does between two real runs
