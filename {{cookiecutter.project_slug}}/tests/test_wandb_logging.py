@@ -99,8 +99,9 @@ def test_a_run_config_from_before_the_logger_listed_its_options_names_those_to_d
     monkeypatch, capsys, in_project_copy
 ):
     # Its logger block holds every option of Lightning's WandbLogger and of wandb.init, most of them null.
+    logger = "{{ cookiecutter.package_name }}.training.wandb_logging.BestModelWandbLogger"
     (in_project_copy / "old.yaml").write_text(
-        "trainer:\n  logger:\n    class_path: {{ cookiecutter.package_name }}.training.wandb_logging.BestModelWandbLogger\n"
+        f"trainer:\n  logger:\n    class_path: {logger}\n"
         "    init_args: {project: x, save_dir: runs, dir: null, experiment: null, settings: null}\n"
     )
     message = refusal(monkeypatch, capsys, "fit", "--config=old.yaml", "--trainer.fast_dev_run=true")
