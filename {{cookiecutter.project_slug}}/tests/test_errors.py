@@ -12,6 +12,9 @@ from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
 from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
 
+EARLY_STOPPING = "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping"
+PATIENSE = "error: --trainer.callbacks.patiense: EarlyStopping has no option 'patiense'"
+
 
 def fit(data_dir, *args: str) -> list[str]:
     data = [f"--data.data_dir={data_dir}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=4"]
@@ -39,6 +42,13 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--model.nonsense=1"], "unrecognized arguments: --model.nonsense=1. Did you mean"),
         (["--model.backbon=resnet18"], "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone"),
         (["--trainer.max_epochs=x"], "--trainer.max_epochs: Does not validate against any of the Union subtypes; - "),
+        # A logger's or a callback's option: the reason its class gives, not those of bool and None.
+        (["--trainer.logger.save_dri=runs"], "Logger has no option 'save_dri'. Did you mean save_dir?"),
+        ([EARLY_STOPPING, "--trainer.callbacks.patiense=3"], f"{PATIENSE}. Did you mean patience?"),
+        ([EARLY_STOPPING, "--trainer.callbacks.patience=many"], "error: --trainer.callbacks.patience: Expected a int"),
+        # The config's EarlyStopping is not the last callback: its options are the config's to set.
+        (["--trainer.callbacks.patience=3"], "no option 'patience': --trainer.callbacks.<option> sets the last one"),
+        (["--trainer.logger=lightning.pytorch.loggers.Nope"], "--trainer.logger: lightning.pytorch.loggers.Nope: "),
     ],
 )
 def test_bad_options_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, expected):
@@ -49,6 +59,17 @@ def test_a_misspelt_option_in_a_config_file_is_named_once(monkeypatch, capsys, i
     (in_project_copy / "mine.yaml").write_text("model:\n  backbon: resnet18\n")
     message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml"))
     assert "does not accept option 'model.backbon'. Did you mean model.backbone or " in message
+
+
+def test_a_misspelt_option_of_a_callback_in_a_config_file_is_named_with_its_spelling(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    early_stopping = "class_path: lightning.pytorch.callbacks.EarlyStopping"
+    options = "init_args: {monitor: val/acc, patiense: 3}"
+    (in_project_copy / "mine.yaml").write_text(f"trainer:\n  callbacks:\n    - {early_stopping}\n      {options}\n")
+    message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml"))
+    stale = "mine.yaml: EarlyStopping takes no patiense (did you mean patience?)"
+    assert message == f"error: {stale}: correct or delete them in the config"
 
 
 @pytest.mark.parametrize("option", [["--config=mine.yaml"], ["-c", "mine.yaml"]])

@@ -106,7 +106,7 @@ def test_a_run_config_from_before_the_logger_listed_its_options_names_those_to_d
     )
     message = refusal(monkeypatch, capsys, "fit", "--config=old.yaml", "--trainer.fast_dev_run=true")
     stale = "old.yaml: BestModelWandbLogger takes no dir, experiment, settings"
-    assert message == f"error: {stale}: delete them from the config"
+    assert message == f"error: {stale}: correct or delete them in the config"
 
 
 def test_runs_with_another_logger_still_save_their_config(monkeypatch, in_project_copy, tiny_shapes):

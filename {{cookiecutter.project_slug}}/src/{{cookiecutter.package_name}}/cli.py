@@ -10,11 +10,14 @@ import difflib
 import importlib
 import inspect
 import io
+import itertools
 import logging
 import re
 import signal
 import sys
+import textwrap
 import warnings
+from collections.abc import Mapping
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
@@ -120,11 +123,10 @@ class SuggestingParser(LightningArgumentParser):
         # A run's config.yaml from before a template update that moved modules: every class it names.
         named = "\n".join([message, *map(text_of, given_configs())])
         moved = [f"{old} is now {new}" for old, new in moved_names(named)]
-        stale = stale_options(given_configs())
         if moved:
             message = f"{'; '.join(moved)}: change the config"
-        elif stale:
-            message = f"{'; '.join(stale)}: delete them from the config"
+        elif stale := stale_options(given_configs()):
+            message = f"{'; '.join(stale)}: correct or delete them in the config"
         print(f"error: {condensed(message)}", file=sys.stderr)
         sys.exit(2)
 
@@ -145,11 +147,42 @@ def condensed(message: str) -> str:
     """jsonargparse's message on one line: `Parser key "data.batch_size":`, its first reason, and the
     types and value it lists after that."""
     message = re.sub(r"<class '([\w.]+)'>", r"\1", message)
+    if reason := class_option_problem(message):
+        return reason
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     head = re.sub(r'^Parser key "([\w.]+)":', r"--\1:", lines[0])
     # The reasons of a union's subtypes ("- Option 'y' is not accepted"), and the value given.
     details = [line for line in lines[2:] if line.startswith(("- ", "Given value:"))]
     return "; ".join([" ".join([head, *lines[1:2]]), *details])
+
+
+def class_option_problem(message: str) -> str | None:
+    """Where an option of a logger or callback is wrong, the reason its class gives, which jsonargparse
+    lists among those of the option's other types (bool, None): the option named, with its likeliest
+    spellings for an unknown one."""
+    lines = message.strip().splitlines()
+    key = re.match(r'Parser key "([\w.]+)":', lines[0]) if lines else None
+    problem = r"(\s*)- Problem with given class_path '([\w.]+)':$"
+    start = next((i for i, line in enumerate(lines) if re.match(problem, line)), None)
+    if not key or start is None:
+        return None
+    indent, class_path = re.match(problem, lines[start]).groups()
+    below = itertools.takewhile(lambda line: line.startswith(indent + " "), lines[start + 1 :])
+    reason = textwrap.dedent("\n".join(below))
+    name = class_path.rpartition(".")[2]
+    if reason.startswith("Parser key"):  # a wrong value: about the option in full (--trainer.logger.log_model)
+        return condensed(reason.replace('Parser key "', f'Parser key "{key.group(1)}.', 1))
+    if not (unknown := re.fullmatch(r"Option '(\w+)' is not accepted", reason.strip())):
+        return f"--{key.group(1)}: {class_path}: {condensed(reason)}"  # a class that cannot be imported
+    option = unknown.group(1)
+    close = difflib.get_close_matches(option, list(signature_parameters(class_path) or {}), n=3, cutoff=0.6)
+    if close:
+        hint = f". Did you mean {' or '.join(close)}?"
+    elif "Subtypes: [list[" in message:  # a list of callbacks: the option went to the last one
+        hint = f": --{key.group(1)}.<option> sets the last one listed; set another's options in the config"
+    else:
+        hint = ""
+    return f"--{key.group(1)}.{option}: {name} has no option {option!r}{hint}"
 
 
 def moved_names(text: str) -> list[tuple[str, str]]:
@@ -180,16 +213,28 @@ def stale_options(paths: list[str]) -> list[str]:
         except yaml.YAMLError:
             continue
         for entry in class_entries(config):
-            module, _, name = str(entry["class_path"]).rpartition(".")
-            try:
-                parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
-            except (ImportError, AttributeError, TypeError, ValueError):
-                continue  # a moved or unknown class: the parser's own message says so
-            if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values()):
-                continue
-            if unknown := [option for option in entry["init_args"] if option not in parameters]:
-                stale.append(f"{path}: {name} takes no {', '.join(unknown)}")
+            parameters = signature_parameters(str(entry["class_path"]))
+            if parameters is None or any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values()):
+                continue  # a moved or unknown class (the parser's own message says so), or one taking any option
+            unknown = [spelt(option, parameters) for option in entry["init_args"] if option not in parameters]
+            if unknown:
+                stale.append(f"{path}: {str(entry['class_path']).rpartition('.')[2]} takes no {', '.join(unknown)}")
     return stale
+
+
+def signature_parameters(class_path: str) -> Mapping[str, inspect.Parameter] | None:
+    """The `__init__` parameters of the class at a dotted path; None where it cannot be imported."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        return inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def spelt(option: str, parameters: Mapping[str, inspect.Parameter]) -> str:
+    """An unknown option, with the parameter it is likely a misspelling of."""
+    close = difflib.get_close_matches(option, list(parameters), n=1, cutoff=0.6)
+    return f"{option} (did you mean {close[0]}?)" if close else option
 
 
 def class_entries(config) -> list[dict]:
