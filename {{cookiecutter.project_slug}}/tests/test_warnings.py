@@ -57,6 +57,22 @@ def test_a_fit_that_max_steps_stops_before_its_first_validation_ends_well_with_i
     assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 2
 
 
+def test_a_fit_with_no_logger_and_no_validation_trains_and_says_what_it_keeps(in_project_copy, tiny_shapes):
+    # The recipe's learning-rate monitor has nothing to log into, and no val/acc picks a best checkpoint.
+    short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
+             "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=1"]  # fmt: skip
+    off = ["--trainer.logger=false", "--trainer.limit_val_batches=0"]
+    done = run_group([*COMMAND, "fit", *short, *off], 300, cwd=in_project_copy, env=command_env())
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert warnings_in(done.stdout + done.stderr) == []
+    (said,) = re.findall(
+        r"Validation is off \(trainer.limit_val_batches=0\): (.*) wait on val/acc, never logged", done.stderr
+    )
+    assert set(said.split(" and ")) == {"ModelCheckpoint", "EarlyStopping"}
+    last = torch.load(in_project_copy / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert last["global_step"] == 2
+
+
 def test_the_tools_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes):
 {%- if cookiecutter.tuning == "yes" or cookiecutter.experiments == "yes" %}
     short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",

@@ -27,6 +27,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .data import ImageDataModule, TooFewClassesError
@@ -330,10 +331,14 @@ class ClassifierCLI(LightningCLI):
             # cuDNN tries its convolution algorithms once per input shape and keeps the fastest; that
             # choice is not reproducible, so deterministic runs keep the default algorithms.
             config.trainer.benchmark = config.trainer.deterministic in (None, False)
-        if config.trainer.enable_progress_bar is False and config.trainer.callbacks:
-            # The recipe lists a progress bar, which Lightning refuses beside enable_progress_bar=false.
-            bars = [c for c in config.trainer.callbacks if str(c.get("class_path", "")).endswith("ProgressBar")]
-            config.trainer.callbacks = [c for c in config.trainer.callbacks if c not in bars]
+        # The recipe's callbacks that Lightning refuses beside a setting turned off: a progress bar beside
+        # enable_progress_bar=false, a learning-rate monitor beside logger=false (nothing to log into).
+        off = {"ProgressBar": config.trainer.enable_progress_bar, "LearningRateMonitor": config.trainer.logger}
+        refused = tuple(name for name, setting in off.items() if setting is False)
+        if refused and config.trainer.callbacks:
+            config.trainer.callbacks = [
+                c for c in config.trainer.callbacks if not str(c.get("class_path", "")).endswith(refused)
+            ]
         place_runs(config.trainer)
         if resolve_resume(config, self.subcommand):
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
@@ -371,6 +376,15 @@ class ClassifierCLI(LightningCLI):
         check_same_classes(saved.get("hyper_parameters", {}).get("class_names"), self.datamodule.class_names)
         if self.subcommand == "fit" and (states := saved.get("optimizer_states")):
             check_same_optimizer_layout(len(states[0]["param_groups"]), len(self.model.parameter_groups()))
+        idle = [c for c in self.trainer.callbacks if str(getattr(c, "monitor", None)).startswith("val/")]
+        if self.subcommand == "fit" and self.trainer.limit_val_batches == 0 and idle:
+            # Said once here: Lightning's hint that val/acc was never logged would send one looking for a bug.
+            waiting = " and ".join(dict.fromkeys(type(c).__name__ for c in idle))
+            metrics = " or ".join(dict.fromkeys(c.monitor for c in idle))
+            rank_zero_info(
+                f"Validation is off (trainer.limit_val_batches=0): {waiting} wait on {metrics}, never logged."
+            )
+            warnings.filterwarnings("ignore", message=r"`ModelCheckpoint\(monitor=.*could not find the monitored key")
 
     before_fit = before_validate = before_test = before_predict = check_run
 
