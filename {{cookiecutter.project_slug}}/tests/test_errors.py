@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import ON_CPU, on_data, refusal, run_cli
 
-from {{ cookiecutter.package_name }}.cli import main
+from {{ cookiecutter.package_name }}.cli import condensed, main
 from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
 from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
 
@@ -49,6 +49,7 @@ def fit(data_dir, *args: str) -> list[str]:
         # The config's EarlyStopping is not the last callback: its options are the config's to set.
         (["--trainer.callbacks.patience=3"], "no option 'patience': --trainer.callbacks.<option> sets the last one"),
         (["--trainer.logger=lightning.pytorch.loggers.Nope"], "--trainer.logger: lightning.pytorch.loggers.Nope: "),
+        (["--trainer.callbacks=[]", "--trainer.callbacks.patience=3"], "no callback is listed to take it; add one"),
     ],
 )
 def test_bad_options_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, expected):
@@ -59,6 +60,14 @@ def test_a_misspelt_option_in_a_config_file_is_named_once(monkeypatch, capsys, i
     (in_project_copy / "mine.yaml").write_text("model:\n  backbon: resnet18\n")
     message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml"))
     assert "does not accept option 'model.backbon'. Did you mean model.backbone or " in message
+
+
+def test_a_class_that_fails_to_import_without_a_message_is_named():
+    # jsonargparse's report of an ImportError raised bare: nothing under the class's line.
+    union = 'Parser key "trainer.logger":\n  Does not validate against any of the Union subtypes\n  Errors:\n'
+    problems = "    - Problem with given class_path 'mine.Logger':\n    - Expected a <class 'bool'>\n"
+    message = condensed(union + problems + "  Given value: mine.Logger\n")
+    assert message == "--trainer.logger: mine.Logger: cannot be imported"
 
 
 def test_a_misspelt_option_of_a_callback_in_a_config_file_is_named_with_its_spelling(

@@ -151,6 +151,8 @@ def condensed(message: str) -> str:
     if reason := class_option_problem(message):
         return reason
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return message
     head = re.sub(r'^Parser key "([\w.]+)":', r"--\1:", lines[0])
     # The reasons of a union's subtypes ("- Option 'y' is not accepted"), and the value given.
     details = [line for line in lines[2:] if line.startswith(("- ", "Given value:"))]
@@ -168,14 +170,17 @@ def class_option_problem(message: str) -> str | None:
     if not key or start is None:
         return None
     indent, class_path = re.match(problem, lines[start]).groups()
-    below = itertools.takewhile(lambda line: line.startswith(indent + " "), lines[start + 1 :])
-    reason = textwrap.dedent("\n".join(below))
+    below = itertools.takewhile(lambda line: not line.strip() or line.startswith(indent + " "), lines[start + 1 :])
+    reason = textwrap.dedent("\n".join(below)).strip()
     name = class_path.rpartition(".")[2]
     if reason.startswith("Parser key"):  # a wrong value: about the option in full (--trainer.logger.log_model)
         return condensed(reason.replace('Parser key "', f'Parser key "{key.group(1)}.', 1))
-    if not (unknown := re.fullmatch(r"Option '(\w+)' is not accepted", reason.strip())):
-        return f"--{key.group(1)}: {class_path}: {condensed(reason)}"  # a class that cannot be imported
+    if not (unknown := re.fullmatch(r"Option '(\w+)' is not accepted", reason)):
+        # The class's own words: it cannot be imported, or lacks a required option.
+        return f"--{key.group(1)}: {class_path}: {condensed(reason) if reason else 'cannot be imported'}"
     option = unknown.group(1)
+    if class_path == "lightning.Callback":  # the list is empty: the option has no callback to go to
+        return f"--{key.group(1)}.{option}: no callback is listed to take it; add one with --{key.group(1)}+=<class>"
     close = difflib.get_close_matches(option, list(signature_parameters(class_path) or {}), n=3, cutoff=0.6)
     if close:
         hint = f". Did you mean {' or '.join(close)}?"
