@@ -39,6 +39,9 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--data.data_dir=data/shpes", "--data.synthetic=true"], "Data folder data/shpes does not exist: fix"),
         (["--ckpt_path=configs/default.yaml"], "configs/default.yaml is not a Lightning checkpoint"),
         (["--data.batch_size=many"], "error: --data.batch_size: Expected a int. Got value: many"),
+        (["--trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches must be 1 or more, got 0"),
+        # Lightning's own refusals, in one line.
+        (["--trainer.max_epochs=-5"], "error: `max_epochs` must be a non-negative integer or -1. You passed in -5."),
         (["--model.nonsense=1"], "unrecognized arguments: --model.nonsense=1. Did you mean"),
         (["--model.backbon=resnet18"], "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone"),
         (["--trainer.max_epochs=x"], "--trainer.max_epochs: Does not validate against any of the Union subtypes; - "),

@@ -61,7 +61,7 @@ def test_a_fit_with_no_logger_and_no_validation_trains_and_says_what_it_keeps(in
     # The recipe's learning-rate monitor has nothing to log into, and no val/acc picks a best checkpoint.
     short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
              "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.log_every_n_steps=1"]  # fmt: skip
-    off = ["--trainer.logger=false", "--trainer.limit_val_batches=0"]
+    off = ["--trainer.logger=false", "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false"]
     done = run_group([*COMMAND, "fit", *short, *off], 300, cwd=in_project_copy, env=command_env())
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert warnings_in(done.stdout + done.stderr) == []
@@ -71,6 +71,19 @@ def test_a_fit_with_no_logger_and_no_validation_trains_and_says_what_it_keeps(in
     assert set(said.split(" and ")) == {"ModelCheckpoint", "EarlyStopping"}
     last = torch.load(in_project_copy / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert last["global_step"] == 2
+
+
+def test_a_fit_with_checkpointing_off_trains_and_writes_no_checkpoint(in_project_copy, tiny_shapes):
+    # The recipe lists its checkpoints, which Lightning refuses beside enable_checkpointing=false.
+    short = [*ON_CPU, f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
+             "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+             "--trainer.log_every_n_steps=1"]  # fmt: skip
+    done = run_group([*COMMAND, "fit", *short, "--trainer.enable_checkpointing=false"], 300, cwd=in_project_copy,
+                     env=command_env())  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert warnings_in(done.stdout + done.stderr) == []
+    assert "Trainer.fit` stopped: `max_epochs=1` reached" in done.stderr
+    assert list(in_project_copy.rglob("*.ckpt")) == []
 
 
 def test_the_tools_print_no_stray_warning_and_end_at_once(in_project_copy, tiny_shapes):

@@ -28,7 +28,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from .data import ImageDataModule, TooFewClassesError
 from .errors import PACKAGE, ConfigError, DataError, UserError, one_line, wants_traceback
@@ -329,6 +329,8 @@ class ClassifierCLI(LightningCLI):
         go_offline_unless_reachable()
 {%- endif %}
         config = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
+        if (accumulate := config.trainer.accumulate_grad_batches) < 1:  # Lightning would divide by it
+            raise ConfigError(f"trainer.accumulate_grad_batches must be 1 or more, got {accumulate}")
         check_hardware(config.trainer)
         settle_precision(config.trainer)
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
@@ -337,8 +339,13 @@ class ClassifierCLI(LightningCLI):
             # choice is not reproducible, so deterministic runs keep the default algorithms.
             config.trainer.benchmark = config.trainer.deterministic in (None, False)
         # The recipe's callbacks that Lightning refuses beside a setting turned off: a progress bar beside
-        # enable_progress_bar=false, a learning-rate monitor beside logger=false (nothing to log into).
-        off = {"ProgressBar": config.trainer.enable_progress_bar, "LearningRateMonitor": config.trainer.logger}
+        # enable_progress_bar=false, checkpoints beside enable_checkpointing=false, a learning-rate monitor
+        # beside logger=false (nothing to log into).
+        off = {
+            "ProgressBar": config.trainer.enable_progress_bar,
+            "ModelCheckpoint": config.trainer.enable_checkpointing,
+            "LearningRateMonitor": config.trainer.logger,
+        }
         refused = tuple(name for name, setting in off.items() if setting is False)
         if refused and config.trainer.callbacks:
             config.trainer.callbacks = [
@@ -451,7 +458,7 @@ def main(args: list[str] | None = None) -> None:
     silence_dependency_noise()
     try:
         run_command(sys.argv[1:] if args is None else args, args)
-    except UserError as error:
+    except (UserError, MisconfigurationException) as error:  # Lightning's word for a setting it refuses
         if wants_traceback():
             raise
         sys.exit(f"error: {one_line(error)}")
