@@ -37,7 +37,7 @@ from .model import ImageClassifier, check_same_classes, check_same_optimizer_lay
 from .training.callbacks import EndWithLauncher
 from .training.checkpoint_io import Trainer
 from .training.progress import LogLines
-from .training.quiet import silence_dependency_noise, silence_resume_notice
+from .training.quiet import silence_dependency_noise, silence_resume_notice, silence_unmonitored_notice
 from .training.resume import (
     ALLOW_CHANGES,
 {%- if cookiecutter.logger != "wandb" %}
@@ -114,9 +114,8 @@ class SuggestingParser(LightningArgumentParser):
             key = f"{group}.{option}" if kind == "Group" else option
         else:
             key = None
-        close = difflib.get_close_matches(key, self._option_names(), n=3, cutoff=0.6) if key else []
-        if close:
-            message += f". Did you mean {' or '.join(close)}?"
+        if key and (close := likely_meant(key, self._option_names())):
+            message += f". Did you mean {close}?"
         if not self.exit_on_error or wants_traceback():
             super().error(message, *args, **kwargs)  # with the usage, or raised for jsonargparse to handle
         if message.startswith("Problems parsing config"):
@@ -165,11 +164,11 @@ def class_option_problem(message: str) -> str | None:
     spellings for an unknown one."""
     lines = message.strip().splitlines()
     key = re.match(r'Parser key "([\w.]+)":', lines[0]) if lines else None
-    problem = r"(\s*)- Problem with given class_path '([\w.]+)':$"
-    start = next((i for i, line in enumerate(lines) if re.match(problem, line)), None)
-    if not key or start is None:
+    problem = re.compile(r"(\s*)- Problem with given class_path '([\w.]+)':$")
+    found = next(((i, match) for i, line in enumerate(lines) if (match := problem.match(line))), None)
+    if not key or found is None:
         return None
-    indent, class_path = re.match(problem, lines[start]).groups()
+    start, (indent, class_path) = found[0], found[1].groups()
     below = itertools.takewhile(lambda line: not line.strip() or line.startswith(indent + " "), lines[start + 1 :])
     reason = textwrap.dedent("\n".join(below)).strip()
     name = class_path.rpartition(".")[2]
@@ -181,9 +180,8 @@ def class_option_problem(message: str) -> str | None:
     option = unknown.group(1)
     if class_path == "lightning.Callback":  # the list is empty: the option has no callback to go to
         return f"--{key.group(1)}.{option}: no callback is listed to take it; add one with --{key.group(1)}+=<class>"
-    close = difflib.get_close_matches(option, list(signature_parameters(class_path) or {}), n=3, cutoff=0.6)
-    if close:
-        hint = f". Did you mean {' or '.join(close)}?"
+    if close := likely_meant(option, list(signature_parameters(class_path) or {})):
+        hint = f". Did you mean {close}?"
     elif "Subtypes: [list[" in message:  # a list of callbacks: the option went to the last one
         hint = f": --{key.group(1)}.<option> sets the last one listed; set another's options in the config"
     else:
@@ -239,8 +237,13 @@ def signature_parameters(class_path: str) -> Mapping[str, inspect.Parameter] | N
 
 def spelt(option: str, parameters: Mapping[str, inspect.Parameter]) -> str:
     """An unknown option, with the parameter it is likely a misspelling of."""
-    close = difflib.get_close_matches(option, list(parameters), n=1, cutoff=0.6)
-    return f"{option} (did you mean {close[0]}?)" if close else option
+    close = likely_meant(option, list(parameters), n=1)
+    return f"{option} (did you mean {close}?)" if close else option
+
+
+def likely_meant(word: str, names: list[str], n: int = 3) -> str:
+    """The names `word` is likely a misspelling of, best first ("a or b"); empty where none is close."""
+    return " or ".join(difflib.get_close_matches(word, names, n=n, cutoff=0.6))
 
 
 def class_entries(config) -> list[dict]:
@@ -388,15 +391,19 @@ class ClassifierCLI(LightningCLI):
         check_same_classes(saved.get("hyper_parameters", {}).get("class_names"), self.datamodule.class_names)
         if self.subcommand == "fit" and (states := saved.get("optimizer_states")):
             check_same_optimizer_layout(len(states[0]["param_groups"]), len(self.model.parameter_groups()))
+        if self.subcommand == "fit" and self.trainer.limit_val_batches == 0:
+            self.say_validation_off()
+
+    def say_validation_off(self) -> None:
+        # Said once, instead of Lightning's warning (silenced) that the callbacks' key was never logged.
         idle = [c for c in self.trainer.callbacks if str(getattr(c, "monitor", None)).startswith("val/")]
-        if self.subcommand == "fit" and self.trainer.limit_val_batches == 0 and idle:
-            # Said once here: Lightning's hint that val/acc was never logged would send one looking for a bug.
+        if idle:
             waiting = " and ".join(dict.fromkeys(type(c).__name__ for c in idle))
             metrics = " or ".join(dict.fromkeys(c.monitor for c in idle))
             rank_zero_info(
                 f"Validation is off (trainer.limit_val_batches=0): {waiting} wait on {metrics}, never logged."
             )
-            warnings.filterwarnings("ignore", message=r"`ModelCheckpoint\(monitor=.*could not find the monitored key")
+            silence_unmonitored_notice()
 
     before_fit = before_validate = before_test = before_predict = check_run
 

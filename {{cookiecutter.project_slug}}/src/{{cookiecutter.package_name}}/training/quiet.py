@@ -42,6 +42,11 @@ def silence_resume_notice(checkpoints: Path) -> None:
     warnings.filterwarnings("ignore", message=rf"Checkpoint directory .*{folder} exists and is not empty")
 
 
+def silence_unmonitored_notice() -> None:
+    # With validation off, ModelCheckpoint's hint to log its monitored key would send one looking for a bug.
+    warnings.filterwarnings("ignore", message=r"`ModelCheckpoint\(monitor=.*could not find the monitored key")
+
+
 def drop_advertising(record: logging.LogRecord) -> bool:
     # Lightning recommends its cloud logger at every start when none is in use.
     return not record.getMessage().startswith("💡 Tip")
