@@ -42,6 +42,10 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches must be 1 or more, got 0"),
         # Lightning's own refusals, in one line.
         (["--trainer.max_epochs=-5"], "error: `max_epochs` must be a non-negative integer or -1. You passed in -5."),
+        (["--trainer.strategy=nonsense"], "error: You selected an invalid strategy name: `strategy='nonsense'`"),
+        (["--trainer.accelerator=hpu"], "error: You selected an invalid accelerator name: `accelerator='hpu'`"),
+        (["--trainer.num_nodes=0"], "error: `num_nodes` must be a positive integer, but got 0."),
+        (["--trainer.accelerator=tpu"], "error: Requirement 'torch_xla"),  # TPUs train through torch_xla
         (["--model.nonsense=1"], "unrecognized arguments: --model.nonsense=1. Did you mean"),
         (["--model.backbon=resnet18"], "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone"),
         (["--trainer.max_epochs=x"], "--trainer.max_epochs: Does not validate against any of the Union subtypes; - "),

@@ -6,7 +6,6 @@ hold them, composed by repeating --config (the later file wins).
 """
 
 import contextlib
-import difflib
 import importlib
 import inspect
 import io
@@ -31,7 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from .data import ImageDataModule, TooFewClassesError
-from .errors import PACKAGE, ConfigError, DataError, UserError, one_line, wants_traceback
+from .errors import PACKAGE, ConfigError, DataError, UserError, likely_meant, one_line, wants_traceback
 from .hardware.checks import check_hardware, settle_precision
 from .model import ImageClassifier, check_same_classes, check_same_optimizer_layout
 from .training.callbacks import EndWithLauncher
@@ -241,11 +240,6 @@ def spelt(option: str, parameters: Mapping[str, inspect.Parameter]) -> str:
     return f"{option} (did you mean {close}?)" if close else option
 
 
-def likely_meant(word: str, names: list[str], n: int = 3) -> str:
-    """The names `word` is likely a misspelling of, best first ("a or b"); empty where none is close."""
-    return " or ".join(difflib.get_close_matches(word, names, n=n, cutoff=0.6))
-
-
 def class_entries(config) -> list[dict]:
     """The entries of a config that name a class and its options (class_path and init_args), at any depth."""
     if isinstance(config, list):
@@ -377,7 +371,10 @@ class ClassifierCLI(LightningCLI):
             ) from error
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except (ValueError, TypeError, ModuleNotFoundError) as error:  # Lightning's refusal of a setting
+            raise ConfigError(one_line(error)) from error
         if not sys.stdout.isatty():
             # A live bar prints nothing into a file or pipe (a SLURM log, `| tee`) until the run ends.
             bars = (RichProgressBar, TQDMProgressBar)

@@ -34,6 +34,11 @@ def closest(name: str, known: list[str], count: int = 5) -> list[str]:
     return difflib.get_close_matches(name, known, n=count, cutoff=0.0)
 
 
+def likely_meant(word: str, names: list[str], n: int = 3) -> str:
+    """The names `word` is likely a misspelling of, best first ("a or b"); empty where none is close."""
+    return " or ".join(difflib.get_close_matches(word, names, n=n, cutoff=0.6))
+
+
 def wants_traceback() -> bool:
     return os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
 
