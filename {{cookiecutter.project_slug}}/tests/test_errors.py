@@ -12,6 +12,7 @@ from {{ cookiecutter.package_name }}.cli import condensed, main
 from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
 from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
 
+MODEL_CHECKPIONT = "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpiont"  # a misspelt class
 EARLY_STOPPING = "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping"
 PATIENSE = "error: --trainer.callbacks.patiense: EarlyStopping has no option 'patiense'"
 
@@ -56,6 +57,7 @@ def fit(data_dir, *args: str) -> list[str]:
         # The config's EarlyStopping is not the last callback: its options are the config's to set.
         (["--trainer.callbacks.patience=3"], "no option 'patience': --trainer.callbacks.<option> sets the last one"),
         (["--trainer.logger=lightning.pytorch.loggers.Nope"], "--trainer.logger: lightning.pytorch.loggers.Nope: "),
+        ([MODEL_CHECKPIONT], "ModelCheckpiont'. Did you mean lightning.pytorch.callbacks.ModelCheckpoint?"),
         (["--trainer.callbacks=[]", "--trainer.callbacks.patience=3"], "no callback is listed to take it; add one"),
     ],
 )

@@ -175,7 +175,12 @@ def class_option_problem(message: str) -> str | None:
         return condensed(reason.replace('Parser key "', f'Parser key "{key.group(1)}.', 1))
     if not (unknown := re.fullmatch(r"Option '(\w+)' is not accepted", reason)):
         # The class's own words: it cannot be imported, or lacks a required option.
-        return f"--{key.group(1)}: {class_path}: {condensed(reason) if reason else 'cannot be imported'}"
+        said = f"--{key.group(1)}: {class_path}: {condensed(reason) if reason else 'cannot be imported'}"
+        if missing := re.fullmatch(r"module '([\w.]+)' has no attribute '(\w+)'", reason):  # a misspelt class
+            module, attribute = missing.groups()
+            close = likely_meant(attribute, [n for n in dir(sys.modules.get(module)) if not n.startswith("_")], n=1)
+            said += f". Did you mean {module}.{close}?" if close else ""
+        return said
     option = unknown.group(1)
     if class_path == "lightning.Callback":  # the list is empty: the option has no callback to go to
         return f"--{key.group(1)}.{option}: no callback is listed to take it; add one with --{key.group(1)}+=<class>"
