@@ -153,6 +153,8 @@ def test_an_evaluation_logs_into_the_run_of_its_checkpoint_at_its_step(monkeypat
     saved = torch.load(best, map_location="cpu", weights_only=True)
     run_cli(monkeypatch, "test", *TRAINER, *data(tiny_shapes), *short, f"--ckpt_path={best}")
     run_cli(monkeypatch, "validate", *TRAINER, *data(tiny_shapes), *short, "--ckpt_path=last")
+    # No --ckpt_path: the best checkpoint again, not the untrained weights.
+    run_cli(monkeypatch, "test", *TRAINER, *data(tiny_shapes), *short)
 
     assert run_folders(in_project_copy) == [run] and len(list(run.parent.iterdir())) == 1, "no new run folder"
     assert (run / "config.yaml").read_text() == trained_config, "the training config stays as it was"
@@ -161,10 +163,17 @@ def test_an_evaluation_logs_into_the_run_of_its_checkpoint_at_its_step(monkeypat
     with (run / "metrics.csv").open(newline="") as file:
         rows = list(csv.DictReader(file))
     # The test numbers sit at the evaluated checkpoint's step and epoch; last.ckpt's are 6 and 1.
-    (tested,) = [row for row in rows if row.get("test/acc")]
+    tested, again = [row for row in rows if row.get("test/acc")]
     assert (int(tested["step"]), int(float(tested["epoch"]))) == (saved["global_step"], saved["epoch"])
+    assert again == tested
     validated = [row for row in rows if row.get("val/acc")][-1]
     assert (int(validated["step"]), int(float(validated["epoch"]))) == (6, 1)
+
+
+def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    for command in ("validate", "test", "predict"):
+        message = refusal(monkeypatch, capsys, command, *TRAINER, *data(tiny_shapes))
+        assert message.startswith("error: No checkpoint under ") and "train a model first" in message, message
 
 
 def test_auto_without_a_run_starts_a_new_one(monkeypatch, in_project_copy, tiny_shapes):

@@ -1,6 +1,7 @@
 """`--ckpt_path auto`: continue the newest run that did not finish, where it stopped, in its own
 folder, with the options it was trained with; or start a new one. `--ckpt_path last`: the newest
-run, finished or not (to train a finished run further).
+run, finished or not (to train a finished run further). validate, test and predict evaluate the
+newest run's best checkpoint unless `--ckpt_path` names another.
 
 Lightning's own `--ckpt_path last` looks only in the new run's (empty) checkpoint folder, because
 every run gets a folder of its own; here `last` and `auto` search all of this project's runs.
@@ -24,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..errors import PACKAGE, ConfigError, DataError, MissingError
 from ..hardware.network import is_remote
 from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
-from .run_folders import finished, last_checkpoints
+from .run_folders import best_checkpoint, finished, last_checkpoints
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
 HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method"
@@ -37,17 +38,24 @@ LINKED = ("model.batch_size", "model.num_classes", "model.class_names", "data.pr
 ALLOW_CHANGES = "allow_resume_changes"
 
 RESUME_WORDS = ("auto", "last")
+EVALUATIONS = ("validate", "test", "predict")
 # What Lightning itself takes for ckpt_path besides a path.
 LIGHTNING_WORDS = ("best", "hpc", "registry")
 
 
 def resolve_resume(config: Namespace, subcommand: str) -> bool:
-    """Replace `auto` or `last` in `config.ckpt_path` by the run's last.ckpt, and point the logger
-    at the run of the checkpoint, so that a `fit` carries on in its folder and an evaluation's
-    metrics, reports and config land beside the run they evaluate. Whether a fit continues a run."""
+    """Replace `auto` or `last` in `config.ckpt_path` by the run's last.ckpt (an evaluation's `best` or
+    none by the newest run's best checkpoint), and point the logger at the run of the checkpoint, so
+    that a `fit` carries on in its folder and an evaluation's metrics, reports and config land beside
+    the run they evaluate. Whether a fit continues a run."""
     requested = config.get("ckpt_path")
     logger = first_logger(config.trainer)
-    if requested in RESUME_WORDS:
+    if subcommand in EVALUATIONS and requested in (None, "best") and logger is not None:
+        # Lightning's "best" is that of a fit in the same process, and no checkpoint means the untrained
+        # weights: evaluating them would log chance accuracy as if it were the model's.
+        config.ckpt_path = str(best_checkpoint(run_root(logger), "--ckpt_path <file>"))
+        rank_zero_info(f"--ckpt_path {requested or 'best (the default)'}: evaluating {config.ckpt_path}")
+    elif requested in RESUME_WORDS:
         root, runs = runs_of(config, logger)
         found = [last for last in runs if not finished(last)] if requested == "auto" and subcommand == "fit" else runs
         if not found:

@@ -73,6 +73,8 @@ def best_checkpoint(runs: Path, option: str) -> Path:
     if not lasts:
         raise MissingError(f"No checkpoint under {runs}: train a model first, or pass {option}.")
     last = lasts[-1]  # newest_run's
+    if last.is_dir():  # shards (FSDP, DeepSpeed), whose callbacks' states only the strategy reads
+        return last
     states = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("callbacks", {})
     for key, state in states.items():
         # The callback that monitors a metric: the one that writes last.ckpt monitors none.
