@@ -94,7 +94,7 @@ def test_the_image_installs_the_extras_the_answers_need(tmp_path, answers, insta
 
 
 @pytest.mark.slow
-@pytest.mark.rotated(seconds=50)
+@pytest.mark.rotated(seconds=65)
 def test_the_images_install_step_gives_a_cli_that_trains(tmp_path):
     project = render(tmp_path / "render", serving="yes")
     app = tmp_path / "app"  # the image's /app
