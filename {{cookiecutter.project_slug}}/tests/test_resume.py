@@ -176,6 +176,25 @@ def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in
         assert message.startswith("error: No checkpoint under ") and "train a model first" in message, message
 
 
+def test_an_evaluation_without_a_logger_asks_for_its_checkpoint(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    message = refusal(monkeypatch, capsys, "test", *TRAINER, *data(tiny_shapes), "--trainer.logger=false")
+    assert message == "error: test with no logger has no runs to look in: pass --ckpt_path <file>."
+
+
+def csv_logger(save_dir: Path, version: int | str | None) -> Namespace:
+    options = Namespace(save_dir=str(save_dir), name="project", version=version)
+    return Namespace(class_path="lightning.pytorch.loggers.CSVLogger", init_args=options)
+
+
+def test_the_run_a_loggers_version_names_is_the_one_evaluated(tmp_path):
+    runs = tmp_path / "project"
+    for run in ("version_0", "a1b2c3"):  # CSV's and TensorBoard's, W&B's
+        (runs / run).mkdir(parents=True)
+    assert resume.chosen_runs(csv_logger(tmp_path, 0)) == runs / "version_0"
+    assert resume.chosen_runs(csv_logger(tmp_path, "a1b2c3")) == runs / "a1b2c3"
+    assert resume.chosen_runs(csv_logger(tmp_path, None)) == resume.chosen_runs(csv_logger(tmp_path, "gone")) == runs
+
+
 def test_auto_without_a_run_starts_a_new_one(monkeypatch, in_project_copy, tiny_shapes):
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.fast_dev_run=true", "--ckpt_path=auto")
 

@@ -11,16 +11,19 @@ import inspect
 import io
 import itertools
 import logging
+import os
 import re
 import signal
 import sys
 import textwrap
+import traceback
 import warnings
 from collections.abc import Mapping
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
+import lightning
 import torch
 import yaml
 from jsonargparse import Namespace
@@ -66,6 +69,8 @@ SAVE_CONFIG = SaveConfigWhole
 {%- endif %}
 # The command line being run.
 GIVEN: list[str] = []
+# Where an error raised while the Trainer is built means that Lightning refuses a setting.
+LIGHTNING_SOURCE = os.path.join(os.path.dirname(lightning.__file__), "")
 # This project's commands beside LightningCLI's fit, validate, test and predict: the module of each in commands/,
 # whose main(argv) -> int runs it (or module:function). Imported only when its command runs, so
 # `fit` loads none of them.
@@ -178,7 +183,8 @@ def class_option_problem(message: str) -> str | None:
         said = f"--{key.group(1)}: {class_path}: {condensed(reason) if reason else 'cannot be imported'}"
         if missing := re.fullmatch(r"module '([\w.]+)' has no attribute '(\w+)'", reason):  # a misspelt class
             module, attribute = missing.groups()
-            close = likely_meant(attribute, [n for n in dir(sys.modules.get(module)) if not n.startswith("_")], n=1)
+            names = [n for n in dir(sys.modules[module]) if not n.startswith("_")] if module in sys.modules else []
+            close = likely_meant(attribute, names, n=1)
             said += f". Did you mean {module}.{close}?" if close else ""
         return said
     option = unknown.group(1)
@@ -378,7 +384,9 @@ class ClassifierCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs) -> Trainer:
         try:
             trainer = super().instantiate_trainer(**kwargs)
-        except (ValueError, TypeError, ModuleNotFoundError) as error:  # Lightning's refusal of a setting
+        except (ValueError, TypeError, ModuleNotFoundError) as error:
+            if not traceback.extract_tb(error.__traceback__)[-1].filename.startswith(LIGHTNING_SOURCE):
+                raise  # not Lightning's refusal of a setting
             raise ConfigError(one_line(error)) from error
         if not sys.stdout.isatty():
             # A live bar prints nothing into a file or pipe (a SLURM log, `| tee`) until the run ends.

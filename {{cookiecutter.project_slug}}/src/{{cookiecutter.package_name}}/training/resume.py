@@ -50,10 +50,12 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
     the run they evaluate. Whether a fit continues a run."""
     requested = config.get("ckpt_path")
     logger = first_logger(config.trainer)
-    if subcommand in EVALUATIONS and requested in (None, "best") and logger is not None:
+    if subcommand in EVALUATIONS and requested in (None, "best"):
         # Lightning's "best" is that of a fit in the same process, and no checkpoint means the untrained
         # weights: evaluating them would log chance accuracy as if it were the model's.
-        config.ckpt_path = str(best_checkpoint(run_root(logger), "--ckpt_path <file>"))
+        if logger is None:
+            raise ConfigError(f"{subcommand} with no logger has no runs to look in: pass --ckpt_path <file>.")
+        config.ckpt_path = str(best_checkpoint(chosen_runs(logger), "--ckpt_path <file>"))
         rank_zero_info(f"--ckpt_path {requested or 'best (the default)'}: evaluating {config.ckpt_path}")
     elif requested in RESUME_WORDS:
         root, runs = runs_of(config, logger)
@@ -247,6 +249,13 @@ def runs_of(config: Namespace, logger: Namespace | None) -> tuple[Path, list[Pat
         return last.parent.parent, [last] if last.exists() else []
     root = run_root(logger)
     return root, last_checkpoints(root)
+
+
+def chosen_runs(logger: Namespace) -> Path:
+    """The folder of the run that `logger`'s version names (W&B's id, version_<n>), else of all its runs."""
+    root, version = run_root(logger), logger.init_args.get("version")
+    named = [root / str(version), root / f"version_{version}"] if version is not None else []
+    return next((folder for folder in named if folder.is_dir()), root)
 
 
 def run_root(logger: Namespace) -> Path:
