@@ -42,6 +42,7 @@ from .training.progress import LogLines
 from .training.quiet import silence_dependency_noise, silence_resume_notice, silence_unmonitored_notice
 from .training.resume import (
     ALLOW_CHANGES,
+    EVALUATIONS,
 {%- if cookiecutter.logger != "wandb" %}
     SaveConfigWhole,
 {%- endif %}
@@ -60,7 +61,7 @@ from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 # preset chosen when the project was generated, then the recipe; --config files given on the
 # command line come after both and win (--config configs/trainer/fsdp.yaml switches the hardware).
 DEFAULT_CONFIGS = [Path("configs/trainer/{{ cookiecutter.__trainer_preset }}.yaml"), Path("configs/default.yaml")]
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
+SUBCOMMANDS = ("fit", *EVALUATIONS)
 # What writes a run's config.yaml.
 {%- if cookiecutter.logger == "wandb" %}
 SAVE_CONFIG = SaveConfigToRun
@@ -364,7 +365,7 @@ class ClassifierCLI(LightningCLI):
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
             self.save_config_kwargs["config_filename"] = resumed_config_name()
             silence_resume_notice(Path(config.ckpt_path).parent)
-        if self.subcommand in ("validate", "test", "predict"):
+        if self.subcommand in EVALUATIONS:
             # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.
             self.save_config_kwargs["config_filename"] = f"config_{self.subcommand}.yaml"
 
