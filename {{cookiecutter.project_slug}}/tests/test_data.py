@@ -1,3 +1,5 @@
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -308,5 +310,46 @@ def test_a_process_whose_workers_are_still_up_exits_at_once(tiny_shapes, tmp_pat
         printed = time.monotonic()
         process.wait(timeout=60)
         assert time.monotonic() - printed < 5, "the process hung at exit on its data workers"
+    finally:
+        kill_group(process)
+
+
+LOADER_SIGNALLED = """
+import signal
+import sys
+import time
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: None)  # noted and left for later, as Lightning's handler does
+    data = ImageDataModule(sys.argv[1], num_workers=2, batch_size=8, image_size=32)
+    data.setup("fit")
+    batches = iter(data.train_dataloader())
+    next(batches)
+    print("ready", flush=True)
+    sys.stdin.readline()  # the SIGTERM to the whole group has come
+    time.sleep(7)  # longer than PyTorch's workers take to see that their parent has ended (5 s)
+    print("batches", 1 + sum(1 for _ in batches), flush=True)
+"""
+
+
+def test_a_sigterm_to_the_process_group_leaves_the_data_workers_of_the_default_start_method_reading(
+    tiny_shapes, tmp_path
+):
+    # scancel and `timeout` signal every process of the group, the fork server that starts the
+    # workers too; the command reads batches until its checkpoint is saved, and the workers must live.
+    script = tmp_path / "signalled_loader.py"
+    script.write_text(LOADER_SIGNALLED)
+    command = [sys.executable, str(script), str(tiny_shapes)]
+    process = subprocess.Popen(
+        command, env=command_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout.readline().strip() == "ready", process.stderr.read()[-3000:]
+        os.killpg(process.pid, signal.SIGTERM)
+        out, err = process.communicate("\n", timeout=120)
+        assert process.returncode == 0, err[-3000:]
+        assert out.split() == ["batches", "9"]  # 72 training images in batches of 8
     finally:
         kill_group(process)

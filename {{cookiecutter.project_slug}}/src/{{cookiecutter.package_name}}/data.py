@@ -500,6 +500,7 @@ def worker_context(method: str) -> multiprocessing.context.BaseContext:
     if method == "forkserver":
         # The server imports this module (torch, torchvision, Lightning) once, for all the workers.
         context.set_forkserver_preload([__name__])
+        sigterm.start_forkserver()
     return context
 
 

@@ -6,6 +6,7 @@ then ends its helpers itself: a helper that died first would lose a checkpoint o
 import os
 import signal
 import threading
+from multiprocessing import forkserver, resource_tracker
 
 
 def leave_to(owner: int) -> None:
@@ -18,6 +19,19 @@ def leave_to(owner: int) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     args = (owner, os.getppid())
     threading.Thread(target=_end_on_sigterm_from, args=args, name="sigterm-watch", daemon=True).start()
+
+
+def start_forkserver() -> None:
+    """Start multiprocessing's fork server, unless it runs, with SIGTERM blocked: a mask it keeps and
+    the data workers it forks inherit. A SIGTERM to the whole group would otherwise end the server,
+    and PyTorch's workers take their parent's end for their command's and stop, before the command
+    has saved its checkpoint. The server ends when the command does."""
+    resource_tracker.ensure_running()  # started first, as starting it unblocks SIGTERM
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def process_alive(pid: int) -> bool:
