@@ -96,3 +96,23 @@ def test_predict_writes_each_test_images_top_classes_as_classify_does(monkeypatc
         for k in (1, 2, 3):
             assert row[f"class_{k}"] == same[f"class_{k}"]
             assert float(row[f"probability_{k}"]) == pytest.approx(float(same[f"probability_{k}"]), abs=1e-5)
+
+
+def test_predict_leaves_out_an_unreadable_test_image_and_names_every_other_rightly(
+    monkeypatch, trained, tiny_shapes, tmp_path
+):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_shapes, data)
+    # Sorted first, so that every row after it would shift if it were counted but not predicted.
+    (data / "test" / CLASSES[0] / "0000-broken.png").write_bytes(b"not an image")
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    with pytest.warns(UserWarning, match="0000-broken.png"):
+        run_cli(monkeypatch, "predict", *ON_CPU, *on_data(data, batch_size=5), f"--ckpt_path={checkpoint}")
+    with (checkpoint.parent.parent / "reports" / "predictions_test.csv").open(newline="") as file:
+        predicted = {row["path"]: row for row in csv.DictReader(file)}
+    with pytest.warns(UserWarning, match="0000-broken.png"):
+        rows = classify(monkeypatch, str(data / "test"), f"--checkpoint={checkpoint}")
+    classified = {row["path"]: row for row in rows}
+    assert sorted(predicted) == sorted(classified) and len(predicted) == 6 * 4
+    for path, row in predicted.items():
+        assert [row[f"class_{k}"] for k in (1, 2, 3)] == [classified[path][f"class_{k}"] for k in (1, 2, 3)]

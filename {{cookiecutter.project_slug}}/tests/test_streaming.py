@@ -80,6 +80,15 @@ def test_fit_streams_and_every_validation_image_counts_once(monkeypatch, in_proj
     # What classify and export read: the streaming subclass's state too.
     assert checkpoint_preprocessing(torch.load(last, weights_only=True)).crop_ratio == 0.875
 
+    # predict names each streamed test image by its place in the shards.
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "predict", *ON_CPU, *logged_to("runs"),
+                                      *streaming(shards, batch_size=5), f"--ckpt_path={last}"])  # fmt: skip
+    main()
+    with (last.parent.parent / "reports" / "predictions_test.csv").open(newline="") as file:
+        paths = [row["path"] for row in csv.DictReader(file)]
+    images = (tiny_shapes / "test").glob("*/*.png")
+    assert paths == sorted(str(shards / path.relative_to(tiny_shapes)) for path in images)
+
 
 def test_a_streaming_data_module_pickles(shards):
     # ddp_spawn pickles the trainer, and the data module with it.

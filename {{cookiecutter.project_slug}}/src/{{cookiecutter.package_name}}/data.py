@@ -184,6 +184,7 @@ class ImageDataModule(L.LightningDataModule):
         self._class_names: list[str] | None = None
         self._epoch_position: dict | None = None  # where a resumed run's interrupted epoch goes on
         self.train_set = self.val_set = self.test_set = None
+        self.predicted_split: str | None = None  # "test", or "val" without a test split
 
     def _check_source(self) -> None:
         """Refuse, before a logger or a trainer starts, data options this format cannot read."""
@@ -309,7 +310,13 @@ class ImageDataModule(L.LightningDataModule):
         return UnrepeatedDistributedSampler(dataset, shuffle=False, **shards)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set if self.test_set is not None else self.val_set)
+        self.predicted_split = "test" if self.test_set is not None else "val"
+        return self._loader(self._named_split(self.predicted_split))
+
+    def _named_split(self, name: str) -> Dataset:
+        """A split's images, each with its path in place of its label."""
+        split = self.test_set if name == "test" else self.val_set
+        return ImageFiles(split.samples, split.image_transform, split.skip_unreadable, named=True)
 
     def on_after_batch_transfer(
         self, batch: tuple[torch.Tensor, torch.Tensor] | torch.Tensor, dataloader_idx: int
@@ -440,18 +447,21 @@ class StreamingDataModule(ImageDataModule):
         """Sharded data is made by `shard`, never drawn here."""
 
     def _make_splits(self) -> None:
+        splits = self.manifest["splits"]  # the manifest first: a missing one is named
+        self.train_set = self._split("train", self._train_transform(), shuffle=True)
+        self.val_set = self._split("val", self.preprocessing.eval_transform(), shuffle=False)
+        if "test" in splits:
+            self.test_set = self._split("test", self.preprocessing.eval_transform(), shuffle=False)
+
+    def _split(self, name: str, transform: v2.Transform, shuffle: bool, named: bool = False) -> Dataset:
         from .datasets.streaming import ShardedImages
 
-        options, splits = self.hparams, self.manifest["splits"]  # the manifest first: a missing one is named
+        options = self.hparams
+        return ShardedImages(options.data_dir, name, transform, options.bad_images == "skip", shuffle, run_seed(),
+                             options.cache_dir, options.max_cache_size, named=named)  # fmt: skip
 
-        def split(name: str, transform: v2.Transform, shuffle: bool) -> ShardedImages:
-            return ShardedImages(options.data_dir, name, transform, options.bad_images == "skip", shuffle,
-                                 run_seed(), options.cache_dir, options.max_cache_size)  # fmt: skip
-
-        self.train_set = split("train", self._train_transform(), shuffle=True)
-        self.val_set = split("val", self.preprocessing.eval_transform(), shuffle=False)
-        if "test" in splits:
-            self.test_set = split("test", self.preprocessing.eval_transform(), shuffle=False)
+    def _named_split(self, name: str) -> Dataset:
+        return self._split(name, self.preprocessing.eval_transform(), shuffle=False, named=True)
 
     def train_class_counts(self) -> list[int]:
         return self.manifest["splits"]["train"]["class_counts"]

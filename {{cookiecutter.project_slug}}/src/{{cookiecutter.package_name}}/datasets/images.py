@@ -23,12 +23,16 @@ class UnreadableImageError(DataError):
 
 class ImageFiles(Dataset):
     """(path, label) pairs read as RGB tensors and passed through `transform`; an unreadable file
-    gives None (with a warning naming it) when `skip_unreadable`, else an error naming it."""
+    gives None (with a warning naming it) when `skip_unreadable`, else an error naming it. `named`:
+    each image comes with its path in place of its label (predict, whose rows name what was read)."""
 
-    def __init__(self, samples: list[tuple[str, int]], transform: v2.Transform, skip_unreadable: bool = True) -> None:
+    def __init__(
+        self, samples: list[tuple[str, int]], transform: v2.Transform, skip_unreadable: bool = True, named: bool = False
+    ) -> None:
         self.samples = samples
         self.image_transform = transform
         self.skip_unreadable = skip_unreadable
+        self.named = named
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -38,12 +42,12 @@ class ImageFiles(Dataset):
         index, seed = (key, None) if isinstance(key, int) else key
         path, label = self.samples[index]
         with contextlib.nullcontext() if seed is None else seeded_draws(seed):
-            return labelled_image(path, label, path, self.image_transform, self.skip_unreadable)
+            return labelled_image(path, path if self.named else label, path, self.image_transform, self.skip_unreadable)
 
 
 def labelled_image(
-    source: str | bytes | memoryview, label: int, name: str, transform: v2.Transform, skip_unreadable: bool
-) -> tuple[torch.Tensor, int] | None:
+    source: str | bytes | memoryview, label: int | str, name: str, transform: v2.Transform, skip_unreadable: bool
+) -> tuple[torch.Tensor, int | str] | None:
     """(transformed image, label) of an image file or its bytes; for an unreadable one, None with a
     warning naming it when `skip_unreadable`, else an error naming it."""
     try:

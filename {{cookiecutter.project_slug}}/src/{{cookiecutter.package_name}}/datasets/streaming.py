@@ -181,6 +181,7 @@ class ShardedImages(StreamingDataset):
         seed: int,
         cache_dir: str | None = None,
         max_cache_size: str = "50GB",
+        named: bool = False,
     ) -> None:
         source = join(location, split)
         if is_remote(location):
@@ -190,6 +191,7 @@ class ShardedImages(StreamingDataset):
         super().__init__(source, shuffle=shuffle, seed=seed, drop_last=False, max_cache_size=max_cache_size)
         # Not `transform`: StreamingDataset applies an attribute of that name to the stored sample.
         self.location, self.image_transform, self.skip_unreadable = location, transform, skip_unreadable
+        self.named = named  # each image with its name in place of its label, as ImageFiles's
 
     def __getitem__(self, index) -> tuple[torch.Tensor, int] | None:
         item = super().__getitem__(index)
@@ -198,7 +200,8 @@ class ShardedImages(StreamingDataset):
         # (LitData keeps the epoch in its state) whatever the workers drew before.
         image = index.index if isinstance(index, ChunkedIndex) else index  # its place in the split
         with seeded_draws(draw_seed(self.seed, self.current_epoch, image)):
-            return labelled_image(item["image"], item["label"], name, self.image_transform, self.skip_unreadable)
+            label = name if self.named else item["label"]
+            return labelled_image(item["image"], label, name, self.image_transform, self.skip_unreadable)
 
 
 class StreamingLoader(StreamingDataLoader):

@@ -30,35 +30,38 @@ def top_classes(probabilities: torch.Tensor, names: list[str], top_k: int) -> li
 
 class PredictionsCSV(BasePredictionWriter):
     """`predict` writes each image's top classes and their probabilities to
-    <run>/reports/predictions_<split>.csv (test, or val when there is no test split), in the data's order."""
+    <run>/reports/predictions_<split>.csv (test, or val when there is no test split), sorted by path.
+    The data module labels each predicted image with its path, so an unreadable image, which the
+    loader skips, is left out rather than shifting the rows after it."""
 
     def __init__(self, top_k: int = 3) -> None:
-        super().__init__(write_interval="epoch")
+        super().__init__(write_interval="batch_and_epoch")
         self.top_k = top_k
+        self.rows: dict[str, list[tuple[str, float]]] = {}
+
+    def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.rows = {}
+
+    def write_on_batch_end(
+        self, trainer, pl_module, prediction: torch.Tensor, batch_indices, batch, batch_idx: int, dataloader_idx: int
+    ) -> None:
+        _, paths = batch
+        tops = top_classes(prediction.float().cpu(), pl_module.label_names(), self.top_k)
+        self.rows.update(zip(paths, tops, strict=True))
 
     def write_on_epoch_end(self, trainer: L.Trainer, pl_module, predictions: list, batch_indices: list) -> None:
-        # One dataloader: Lightning passes its predictions as a list of batches, but its indices still
-        # inside a list of dataloaders.
-        if batch_indices and batch_indices[0] and isinstance(batch_indices[0][0], list):
-            batch_indices = batch_indices[0]
-        indices = [index for batch in batch_indices for index in batch]
-        probabilities = torch.cat(predictions).float().cpu() if predictions else torch.empty(0)
-        rows = list(zip(indices, top_classes(probabilities, pl_module.label_names(), self.top_k), strict=True))
+        rows = self.rows
         if dist.is_available() and dist.is_initialized():  # each process predicted its share of the images
             shares = [None] * dist.get_world_size()
             dist.all_gather_object(shares, rows)
-            rows = [row for share in shares for row in share]
+            rows = {path: top for share in shares for path, top in share.items()}  # a process may repeat some
         if not trainer.is_global_zero:
             return
-        dataset = trainer.predict_dataloaders.dataset
-        split = "test" if dataset is getattr(trainer.datamodule, "test_set", None) else "val"
         folder = report_folder(trainer) or Path.cwd()
         folder.mkdir(parents=True, exist_ok=True)
-        output = folder / f"predictions_{split}.csv"
+        output = folder / f"predictions_{trainer.datamodule.predicted_split}.csv"
         with output.open("w", newline="") as file:
             writer = csv.writer(file)
-            writer.writerow(csv_header(self.top_k))
-            # Sorted by image, once each: a process may repeat images to even out the shares.
-            for index, top in sorted(dict(rows).items()):
-                writer.writerow(csv_row(dataset.samples[index][0], top))
-        print(f"Wrote the top {self.top_k} classes of {len(dict(rows))} images to {output}")
+            writer.writerow(csv_header(min(self.top_k, len(pl_module.label_names()))))
+            writer.writerows(csv_row(path, top) for path, top in sorted(rows.items()))
+        print(f"Wrote the top {self.top_k} classes of {len(rows)} images to {output}")
