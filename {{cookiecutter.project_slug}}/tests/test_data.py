@@ -137,11 +137,15 @@ def test_auto_workers_split_the_machine_unless_the_affinity_is_this_process_shar
     assert auto_workers(16, 1) == 15 and auto_workers(64, 1) == 16 and auto_workers(1, 1) == 0
 
 
-def test_missing_folder_says_how_to_point_at_data(tmp_path):
+def test_missing_folder_says_how_to_point_at_data(monkeypatch, tmp_path):
     data = ImageDataModule(tmp_path / "nowhere")
     data.prepare_data()
-    with pytest.raises(FileNotFoundError, match="--data.data_dir.*--data.synthetic=true"):
-        data.setup("fit")
+    with pytest.raises(FileNotFoundError, match=r"Point --data.data_dir at a folder of class folders .*\)\.$"):
+        data.setup("fit")  # and not data.synthetic, which draws only into data/shapes
+    monkeypatch.chdir(tmp_path)
+    built_in = ImageDataModule(synthetic=False)
+    with pytest.raises(FileNotFoundError, match="or set --data.synthetic=true to draw the built-in shapes dataset"):
+        built_in.setup("fit")
 
 
 def test_synthetic_data_knows_its_classes_before_it_is_drawn(monkeypatch, tmp_path):

@@ -119,7 +119,10 @@ def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, 
         shutil.rmtree(data / "circle")
         (data / "circle").mkdir()
     expected = {"missing": "does not exist", "one class": "needs at least two", "empty class": "No images"}[layout]
-    assert expected in refusal(monkeypatch, capsys, *fit(data))
+    line = refusal(monkeypatch, capsys, *fit(data))
+    assert expected in line
+    # data.synthetic draws only into data/shapes, and refuses any other folder: no fix for this one.
+    assert "synthetic" not in line
 
 
 def test_predict_on_a_folder_without_classes_points_at_classify(monkeypatch, capsys, trained, tiny_shapes):

@@ -556,10 +556,11 @@ def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
 def train_folder(data_dir: Path) -> Path:
     """The folder of the training class folders: data_dir/train, or data_dir itself."""
     if not data_dir.is_dir():
+        # data.synthetic draws only into the built-in shapes' folder: elsewhere it is no fix.
+        draw = ", or set --data.synthetic=true to draw the built-in shapes dataset there" if is_built_in(data_dir) else ""
         raise MissingError(
             f"Data folder {data_dir} does not exist. Point --data.data_dir at a folder of class "
-            "folders (or of train/ and val/ folders of class folders), or set --data.synthetic=true "
-            "to draw the built-in shapes dataset there."
+            f"folders (or of train/ and val/ folders of class folders){draw}."
         )
     train_dir = data_dir / "train"
     if train_dir.is_dir():
