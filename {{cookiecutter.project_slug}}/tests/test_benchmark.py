@@ -3,7 +3,7 @@
 import pytest
 import torch
 import yaml
-from conftest import ON_CPU, run_command
+from conftest import ON_CPU, refusal, run_command
 
 from {{ cookiecutter.package_name }}.commands.benchmark import flops_per_image, peak_flops
 from {{ cookiecutter.package_name }}.model import ImageClassifier
@@ -35,8 +35,7 @@ def test_data_benchmark_times_the_worker_counts_asked_for(monkeypatch, capsys, i
 
 
 def test_a_bad_worker_list_is_refused_before_any_work(monkeypatch, capsys, in_project_copy):
-    run_command(monkeypatch, "benchmark", "data", "--workers=4,x", status=2)
-    refused = capsys.readouterr().err
+    refused = refusal(monkeypatch, capsys, "benchmark", "data", "--workers=4,x")
     assert "argument --workers: worker counts are whole numbers separated by commas, got '4,x'" in refused
     assert not (in_project_copy / "data").exists()
 

@@ -4,17 +4,20 @@ import csv
 import shutil
 
 import pytest
-from conftest import ON_CPU, on_data, refusal, run_cli
+from conftest import ON_CPU, on_data, refusal, run_cli, run_command
 
 from {{ cookiecutter.package_name }}.commands.classify import image_files
 from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
 
 
 def classify(monkeypatch, *args: str) -> list[dict]:
-    with pytest.raises(SystemExit) as done:
-        run_cli(monkeypatch, "classify", *args, "--output=predictions.csv", "--top-k=3")
-    assert done.value.code == 0
-    return list(csv.DictReader(open("predictions.csv")))
+    """The rows classify writes, by default with 3 classes each, into predictions.csv."""
+    defaults = {"--output": "predictions.csv", "--top-k": "3"}
+    options = defaults | dict(arg.split("=", 1) for arg in args if arg.split("=", 1)[0] in defaults)
+    others = [arg for arg in args if arg.split("=", 1)[0] not in defaults]
+    run_command(monkeypatch, "classify", *others, *(f"{name}={value}" for name, value in options.items()))
+    with open(options["--output"], newline="") as file:
+        return list(csv.DictReader(file))
 
 
 def test_a_folder_and_a_single_image_get_their_top_classes(monkeypatch, trained, tiny_shapes, tmp_path):
@@ -53,6 +56,42 @@ def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path
     (tmp_path / "empty" / "notes.txt").write_text("no images here")
     capsys.readouterr()  # the training's output
     assert "No images (.jpg" in refusal(monkeypatch, capsys, "classify", str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (["--top-k=0"], "--top-k and --batch-size must be 1 or more, got 0 and 64"),
+        (["--batch-size=0"], "--top-k and --batch-size must be 1 or more, got 3 and 0"),
+        (["--top-k=two"], "argument --top-k: invalid int value: 'two' (python -m"),
+    ],
+)
+def test_wrong_options_end_in_one_line(monkeypatch, capsys, trained, tiny_shapes, given, expected):
+    capsys.readouterr()  # the training of the `trained` fixture, when it ran in this test
+    assert expected in refusal(monkeypatch, capsys, "classify", str(tiny_shapes / "test"), *given)
+
+
+def test_only_unreadable_images_is_a_failure(monkeypatch, capsys, trained, tmp_path):
+    (tmp_path / "notes.png").write_text("not an image")
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="notes.png"):
+        line = refusal(monkeypatch, capsys, "classify", str(tmp_path / "notes.png"))
+    assert "None of the 1 images could be read" in line
+
+
+def test_an_onnx_export_classifies_as_its_checkpoint_into_a_new_folder(monkeypatch, trained, tiny_shapes):
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    exported = trained / "model.onnx"
+    run_command(monkeypatch, "export", str(checkpoint), f"--output={exported}", f"--images={tiny_shapes / 'test'}")
+    images = str(tiny_shapes / "test")
+    # More classes asked for than the model has: every class, and the header says as many.
+    from_checkpoint = classify(monkeypatch, images, f"--checkpoint={checkpoint}", "--top-k=9", "--output=new/a.csv")
+    from_onnx = classify(monkeypatch, images, f"--checkpoint={exported}", "--top-k=9", "--output=new/b.csv")
+    assert list(from_onnx[0]) == ["path", *(f"{name}_{k}" for k in range(1, 7) for name in ("class", "probability"))]
+    assert len(from_onnx) == len(from_checkpoint) == 6 * 4
+    for onnx_row, checkpoint_row in zip(from_onnx, from_checkpoint, strict=True):
+        assert onnx_row["path"] == checkpoint_row["path"] and onnx_row["class_1"] == checkpoint_row["class_1"]
+        assert float(onnx_row["probability_1"]) == pytest.approx(float(checkpoint_row["probability_1"]), abs=1e-4)
 
 
 def test_images_in_a_folder_under_a_hidden_one_are_found(tiny_shapes, tmp_path):

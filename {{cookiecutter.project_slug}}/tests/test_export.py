@@ -1,11 +1,14 @@
 """`export`: ONNX and torch.export programs that give the PyTorch model's probabilities on real images."""
 
 import json
+import shutil
 import sys
+from contextlib import nullcontext
 
 import onnxruntime
 import pytest
 import torch
+from conftest import refusal
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.export import ServedClassifier, sample_images
@@ -49,8 +52,34 @@ def test_the_export_matches_pytorch_on_real_images(monkeypatch, capsys, trained,
     assert probabilities.shape == (3, 6) and torch.allclose(probabilities, expected, atol=1e-4)
 
 
-def test_a_folder_checkpoint_is_sent_to_consolidate(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "export", str(tmp_path), "--format=pt2"])
-    with pytest.raises(SystemExit):
-        main()
-    assert "consolidate" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ([], "the following arguments are required: checkpoint (python -m"),
+        (["missing.ckpt"], "CHECKPOINT missing.ckpt: no such file or folder."),
+        (["notes.txt"], "notes.txt is not a Lightning checkpoint"),
+        (["sharded"], "sharded is a sharded checkpoint: make it one file with `consolidate` first."),
+        (["CHECKPOINT", "--images=notes.txt"], "None of notes.txt is a readable image: pass --images with some."),
+        (["CHECKPOINT", "--format=tflite"], "argument --format: invalid choice: 'tflite'"),
+    ],
+)
+def test_mistakes_end_in_one_line(monkeypatch, capsys, trained, given, expected):
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    (trained / "notes.txt").write_text("not a checkpoint, not an image")
+    (trained / "sharded").mkdir()
+    arguments = [str(checkpoint) if arg == "CHECKPOINT" else arg for arg in given]
+    capsys.readouterr()  # the training of the `trained` fixture, when it ran in this test
+    with pytest.warns(UserWarning, match="notes.txt") if "--images=notes.txt" in given else nullcontext():
+        assert expected in refusal(monkeypatch, capsys, "export", *arguments)
+
+
+def test_unreadable_check_images_are_skipped_and_the_output_folder_is_made(monkeypatch, capsys, trained, tiny_shapes):
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    images = trained / "images"
+    shutil.copytree(tiny_shapes / "test", images)
+    (images / CLASSES[0] / "0000-broken.png").write_bytes(b"not an image")  # sorted first among the images
+    output = trained / "exports" / "model.pt2"
+    options = ["--format=pt2", f"--images={images}", f"--output={output}"]
+    with pytest.warns(UserWarning, match="0000-broken.png"):
+        printed = export(monkeypatch, capsys, str(checkpoint), *options)
+    assert "Largest difference from PyTorch on 8 real images" in printed and output.is_file()

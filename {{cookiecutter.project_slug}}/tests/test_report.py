@@ -1,6 +1,6 @@
 """`report`: a run's logged metrics drawn as PNG curves, whatever the logger."""
 
-from conftest import run_command
+from conftest import refusal, run_command
 
 
 def test_report_draws_the_newest_runs_curves(monkeypatch, capsys, trained):
@@ -14,11 +14,9 @@ def test_report_draws_the_newest_runs_curves(monkeypatch, capsys, trained):
 
 
 def test_a_folder_without_runs_is_refused(monkeypatch, capsys, tmp_path):
-    run_command(monkeypatch, "report", "--runs", str(tmp_path), status=2)
-    assert "No run under" in capsys.readouterr().err
+    assert "No run under" in refusal(monkeypatch, capsys, "report", "--runs", str(tmp_path))
 
 
 def test_a_run_without_metrics_is_refused(monkeypatch, capsys, tmp_path):
     (tmp_path / "run").mkdir()
-    run_command(monkeypatch, "report", str(tmp_path / "run"), status=2)
-    assert "No metrics.csv or TensorBoard events" in capsys.readouterr().err
+    assert "No metrics.csv or TensorBoard events" in refusal(monkeypatch, capsys, "report", str(tmp_path / "run"))

@@ -457,8 +457,9 @@ class StreamingDataModule(ImageDataModule):
         from .datasets.streaming import ShardedImages
 
         options = self.hparams
-        return ShardedImages(options.data_dir, name, transform, options.bad_images == "skip", shuffle, run_seed(),
-                             options.cache_dir, options.max_cache_size, named=named)  # fmt: skip
+        skip = options.bad_images == "skip"
+        return ShardedImages(options.data_dir, name, transform, skip, shuffle, run_seed(), options.cache_dir,
+                             options.max_cache_size, named=named)  # fmt: skip
 
     def _named_split(self, name: str) -> Dataset:
         return self._split(name, self.preprocessing.eval_transform(), shuffle=False, named=True)
@@ -556,8 +557,9 @@ def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
 def train_folder(data_dir: Path) -> Path:
     """The folder of the training class folders: data_dir/train, or data_dir itself."""
     if not data_dir.is_dir():
-        # data.synthetic draws only into the built-in shapes' folder: elsewhere it is no fix.
-        draw = ", or set --data.synthetic=true to draw the built-in shapes dataset there" if is_built_in(data_dir) else ""
+        draw = ""
+        if is_built_in(data_dir):  # data.synthetic draws only there: elsewhere it is no fix
+            draw = ", or set --data.synthetic=true to draw the built-in shapes dataset there"
         raise MissingError(
             f"Data folder {data_dir} does not exist. Point --data.data_dir at a folder of class "
             f"folders (or of train/ and val/ folders of class folders){draw}."

@@ -5,8 +5,10 @@ names the problem and its fix. Set {{ cookiecutter.package_name | upper }}_TRACE
 Each class is also the built-in error it stands for, for code that catches that.
 """
 
+import argparse
 import difflib
 import os
+from typing import NoReturn
 
 # The import name, which every command line starts with (python -m PACKAGE ...), from any module.
 PACKAGE = __spec__.parent
@@ -27,6 +29,14 @@ class DataError(UserError, ValueError):
 
 class MissingError(UserError, FileNotFoundError):
     """A file or folder that is not where the options say."""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of a command outside LightningCLI (classify, export, ...), whose mistakes end as the
+    CLI's do: in one line, `error: <message>`, rather than argparse's usage and then the message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (python -m {self.prog} --help lists the arguments)")
 
 
 def closest(name: str, known: list[str], count: int = 5) -> list[str]:

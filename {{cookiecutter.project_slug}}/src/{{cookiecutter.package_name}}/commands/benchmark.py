@@ -17,7 +17,7 @@ from lightning.fabric.utilities.throughput import get_available_flops, measure_f
 
 from ..cli import build
 from ..data import ImageDataModule, auto_workers, usable_cpus
-from ..errors import PACKAGE, ConfigError
+from ..errors import PACKAGE, CommandParser, ConfigError
 from ..model import ImageClassifier
 from .tuned_config import TUNED_CONFIG, update_tuned_config
 
@@ -173,7 +173,7 @@ def worker_counts(text: str) -> list[int]:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} benchmark", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=f"{PACKAGE} benchmark", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["data", "train"])
     parser.add_argument("--batches", type=int, default=30, help="data: batches timed per worker count")
     parser.add_argument(

@@ -1,11 +1,11 @@
 """`python -m {{ cookiecutter.package_name }} classify IMAGES...`: the top classes of images, as a CSV file.
 
-IMAGES are image files or folders (searched recursively). The model comes from --checkpoint, by
-default the best checkpoint of the newest run under runs/. Runs on the CPU unless --device says
+IMAGES are image files or folders (searched recursively). The model comes from --checkpoint (a
+checkpoint, or an ONNX file from `export`), by default the best checkpoint of the newest run under
+runs/. Runs on the CPU unless --device says
 otherwise. Unreadable images are skipped with a warning naming them.
 """
 
-import argparse
 import csv
 import sys
 import warnings
@@ -15,7 +15,7 @@ import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..data import image_files_under
-from ..errors import PACKAGE, MissingError
+from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError
 from ..training.predictions import csv_header, csv_row, top_classes
 from ..training.resume import check_checkpoint
 from ..training.run_folders import best_checkpoint
@@ -53,17 +53,19 @@ def classify(predictor: Predictor, paths: list[Path], batch_size: int, top_k: in
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} classify", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=f"{PACKAGE} classify", description=__doc__.splitlines()[0])
     parser.add_argument("images", type=Path, nargs="+", help="image files or folders")
-    parser.add_argument("--checkpoint", type=Path, help="a checkpoint file (default: the newest run's best)")
+    parser.add_argument("--checkpoint", type=Path, help="a checkpoint or ONNX export (default: the newest run's best)")
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")
     parser.add_argument("--output", type=Path, default=Path("predictions.csv"), help="the CSV file to write")
     parser.add_argument("--top-k", type=int, default=3, help="classes per image")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     options = parser.parse_args(args)
+    if min(options.top_k, options.batch_size) < 1:
+        raise ConfigError(f"--top-k and --batch-size must be 1 or more, got {options.top_k} and {options.batch_size}")
 
-    if options.checkpoint is not None:
+    if options.checkpoint is not None and options.checkpoint.suffix != ".onnx":
         check_checkpoint(str(options.checkpoint), "--checkpoint")
     checkpoint = options.checkpoint or best_checkpoint(options.runs, "--checkpoint")
     paths = image_files(options.images)
@@ -71,11 +73,14 @@ def main(args: list[str]) -> int:
     rows = classify(predictor, paths, options.batch_size, options.top_k)
 
     written = 0
+    options.output.parent.mkdir(parents=True, exist_ok=True)
     with options.output.open("w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(csv_header(options.top_k))
+        writer.writerow(csv_header(min(options.top_k, len(predictor.class_names))))
         for path, top in rows:
             writer.writerow(csv_row(path, top))
             written += 1
+    if not written:
+        raise DataError(f"None of the {len(paths)} images could be read (the warnings above name them).")
     print(f"Classified {written} of {len(paths)} images with {checkpoint}: {options.output}", file=sys.stderr)
     return 0

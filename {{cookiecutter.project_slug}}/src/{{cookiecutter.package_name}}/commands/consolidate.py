@@ -5,7 +5,6 @@ makes loads in one process, without a GPU or the training strategy:
 `ImageClassifier.load_from_checkpoint(OUTPUT)`. Lightning's and DeepSpeed's own converters do the work.
 """
 
-import argparse
 from pathlib import Path
 
 import torch
@@ -17,7 +16,7 @@ from lightning.fabric.utilities.load import _load_distributed_checkpoint
 from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
 from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-from ..errors import PACKAGE, DataError
+from ..errors import PACKAGE, CommandParser, DataError
 from ..training.checkpoint_io import written_whole
 
 
@@ -38,17 +37,13 @@ def consolidate(folder: Path, output: Path) -> None:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog=f"{PACKAGE} consolidate", description=__doc__.splitlines()[0].split(": ", 1)[1]
-    )
+    parser = CommandParser(prog=f"{PACKAGE} consolidate", description=__doc__.splitlines()[0].split(": ", 1)[1])
     parser.add_argument("checkpoint", type=Path, help="a checkpoint folder, such as .../checkpoints/last.ckpt")
     parser.add_argument("output", type=Path, help="the single checkpoint file to write")
     options = parser.parse_args(args)
     if not options.checkpoint.is_dir():
-        parser.error(f"{options.checkpoint} is not a folder: only sharded checkpoints (folders) need consolidating.")
-    try:
-        consolidate(options.checkpoint, options.output)
-    except ValueError as error:
-        parser.error(str(error))
+        raise DataError(f"{options.checkpoint} is not a folder: only sharded checkpoints (folders) need consolidating.")
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    consolidate(options.checkpoint, options.output)
     print(f"Wrote {options.output}: load it with ImageClassifier.load_from_checkpoint({str(options.output)!r})")
     return 0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from ..errors import PACKAGE, ConfigError
+from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training.checkpoint_io import write_whole
 from .experiment_runs import fit_in_folder, run_per_gpu, visible_gpus, without_option, worker_part
 
@@ -147,7 +147,7 @@ def run(
 
 
 def parser_for(command: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} {command}", description=description)
+    parser = CommandParser(prog=f"{PACKAGE} {command}", description=description)
     parser.add_argument("--name", help="the folder under cv/ (default: from the folds and seeds)")
     parser.add_argument(
         "--gpus-per-trial", type=int, choices=[1], help="1: one process per visible GPU, sharing the runs"

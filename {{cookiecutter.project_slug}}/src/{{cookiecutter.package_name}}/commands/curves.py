@@ -5,13 +5,12 @@ or W&B logger (metrics.csv) or of a TensorBoard logger (event files). The curves
 learning rate) go to RUN/reports/curves.png.
 """
 
-import argparse
 import csv
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from ..errors import PACKAGE, DataError, MissingError
+from ..errors import PACKAGE, CommandParser, DataError, MissingError
 from ..training.run_folders import newest_run
 
 PANELS = {
@@ -75,15 +74,12 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], output: Path) -> lis
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} report", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=f"{PACKAGE} report", description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, nargs="?", help="a run folder (default: the newest training run under runs/)")
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     options = parser.parse_args(args)
-    try:
-        run = options.run or newest_run(options.runs)
-        output = run / "reports" / "curves.png"
-        drawn = plot_curves(read_series(run), output)
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(str(error))
+    run = options.run or newest_run(options.runs)
+    output = run / "reports" / "curves.png"
+    drawn = plot_curves(read_series(run), output)
     print(f"Wrote {output}: {', '.join(drawn)}")
     return 0

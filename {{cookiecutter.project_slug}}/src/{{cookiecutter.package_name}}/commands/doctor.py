@@ -4,7 +4,6 @@ One line per check: a verdict, what was found and, where it fails, the fix. `--j
 same as data; `--smoke` then trains for a few batches (smoke_test.py), as the project's generation did.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from ..cli import resolved_config
 from ..data import auto_workers
-from ..errors import PACKAGE
+from ..errors import PACKAGE, CommandParser
 from ..hardware.checks import machine_facts, machine_of
 from ..hardware.rules import from_trainer, problems, target
 {%- if cookiecutter.logger == "wandb" %}
@@ -114,7 +113,7 @@ def wandb_check() -> Check:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} doctor", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=f"{PACKAGE} doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--config", action="append", type=Path, default=[],
                         help="config files over the CLI's own, as fit takes them")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the machine and the checks as JSON")

@@ -9,8 +9,8 @@ ONNX through onnxruntime when it is installed. An ONNX file is one file holding 
 ONNX's 2 GB), and its metadata names the classes and the preprocessing.
 """
 
-import argparse
 import json
+import warnings
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -18,9 +18,9 @@ import torch
 
 from ..data import checkpoint_preprocessing
 from ..datasets.images import read_rgb
-from ..errors import PACKAGE
+from ..errors import PACKAGE, CommandParser, DataError, MissingError
 from ..model import ImageClassifier
-from ..training.resume import saved_checkpoint
+from ..training.resume import check_checkpoint, saved_checkpoint
 from ..transforms import Preprocessing
 from .classify import image_files
 from .predictor import ONNX_PREPROCESSING_KEY, ServedClassifier
@@ -32,10 +32,20 @@ ONNX_SINGLE_FILE_BYTES = 1_800_000_000
 
 
 def sample_images(sources: list[Path], preprocessing: Preprocessing, count: int = 8) -> torch.Tensor:
-    """Up to `count` real images, resized and cropped as for evaluation, as one uint8 batch."""
-    paths = image_files(sources)[:count]  # at least one: it refuses a folder without images
+    """Up to `count` real images, resized and cropped as for evaluation, as one uint8 batch; unreadable
+    files are skipped with a warning, as in training."""
     transform = preprocessing.eval_transform()
-    return torch.stack([transform(read_rgb(str(path))) for path in paths])
+    images = []
+    for path in image_files(sources):  # at least one: it refuses a folder without images
+        try:
+            images.append(transform(read_rgb(str(path))))
+        except (RuntimeError, OSError, ValueError) as error:  # what the decoders raise for a bad file
+            warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
+        if len(images) == count:
+            break
+    if not images:
+        raise DataError(f"None of {', '.join(map(str, sources))} is a readable image: pass --images with some.")
+    return torch.stack(images)
 
 
 def onnx_metadata(model: ImageClassifier, preprocessing: Preprocessing) -> dict[str, str]:
@@ -77,16 +87,17 @@ def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Pa
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} export", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=f"{PACKAGE} export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a single-file checkpoint")
     parser.add_argument("--format", choices=["onnx", "pt2"], default="onnx")
     parser.add_argument("--output", type=Path, help="default: the checkpoint's name with .onnx or .pt2")
     parser.add_argument("--images", type=Path, nargs="+", help="images to check the export on (default: the data)")
     options = parser.parse_args(args)
     if options.format == "onnx" and (find_spec("onnx") is None or find_spec("onnxscript") is None):
-        parser.error('ONNX export needs the onnx and onnxscript packages: pip install -e ".[export]"')
-    if not options.checkpoint.is_file():
-        parser.error(f"{options.checkpoint} is not a checkpoint file (a sharded folder needs `consolidate` first).")
+        raise MissingError('ONNX export needs the onnx and onnxscript packages: pip install -e ".[export]"')
+    if options.checkpoint.is_dir():
+        raise DataError(f"{options.checkpoint} is a sharded checkpoint: make it one file with `consolidate` first.")
+    check_checkpoint(str(options.checkpoint), "CHECKPOINT")
 
     model = ImageClassifier.load_from_checkpoint(options.checkpoint, map_location="cpu", weights_only=True).eval()
     saved = saved_checkpoint(options.checkpoint)
@@ -96,9 +107,10 @@ def main(args: list[str]) -> int:
     try:
         images = sample_images(sources, preprocessing)
     except FileNotFoundError as error:
-        parser.error(f"Nothing to check the export on ({error}): pass --images.")
+        raise MissingError(f"Nothing to check the export on ({error}): pass --images.") from error
     served = ServedClassifier(model, preprocessing).eval()
     output = options.output or options.checkpoint.with_suffix(f".{options.format}")
+    output.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         expected = served(images)
         exported = export(served, images, options.format, output, onnx_metadata(model, preprocessing))

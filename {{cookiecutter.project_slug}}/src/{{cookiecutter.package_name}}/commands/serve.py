@@ -13,7 +13,6 @@ server or to its whole process group, stops taking connections, answers every re
 took, and exits with status 0.
 """
 
-import argparse
 import ctypes
 import os
 import signal
@@ -30,7 +29,7 @@ import numpy as np
 import torch
 from starlette.concurrency import run_in_threadpool
 
-from ..errors import PACKAGE, ConfigError
+from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training import sigterm
 from ..training.predictions import top_classes
 from ..training.resume import check_checkpoint
@@ -231,7 +230,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} serve", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=f"{PACKAGE} serve", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a checkpoint or an .onnx export (default: the newest run's best)")
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")
     parser.add_argument("--host", default="127.0.0.1", choices=HOSTS, help="0.0.0.0 to be reached from other machines")

@@ -6,7 +6,6 @@ or a remote URL LitData writes to (s3://bucket/prefix, with the usual AWS_* vari
 it with --data.format streaming --data.data_dir OUTPUT.
 """
 
-import argparse
 import inspect
 import os
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from ..data import ImageDataModule, find_classes, split_samples, train_folder, usable_cpus
 from ..datasets.streaming import check_storage, delete_manifest, join, write_manifest, write_split
-from ..errors import PACKAGE, ConfigError, MissingError
+from ..errors import PACKAGE, CommandParser, ConfigError, MissingError
 from ..hardware.network import is_remote
 
 
@@ -50,7 +49,7 @@ def shard(images: Path, output: str, val_fraction: float, split_seed: int, worke
 
 def main(args: list[str]) -> int:
     defaults = inspect.signature(ImageDataModule).parameters
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} shard", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=f"{PACKAGE} shard", description=__doc__.splitlines()[0])
     parser.add_argument("images", type=Path, help="the image folder, as --data.data_dir reads it")
     parser.add_argument("output", help="a folder, or a remote URL such as s3://bucket/prefix")
     parser.add_argument("--val_fraction", type=float, default=defaults["val_fraction"].default,

@@ -11,7 +11,6 @@ the study. At the end: the best trial's options in configs/tuned.yaml, and summa
 and importances.png in the sweep's folder.
 """
 
-import argparse
 import os
 import socket
 import threading
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from ..errors import PACKAGE, ConfigError, UserError
+from ..errors import PACKAGE, CommandParser, ConfigError, UserError
 from ..training.callbacks import NonFiniteLossError
 from ..training.sigterm import process_alive
 from .experiment_runs import (
@@ -255,7 +254,7 @@ def open_study(name: str, storage: str | None, folder: Path, direction: str, pru
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} sweep", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=f"{PACKAGE} sweep", description=__doc__.splitlines()[0])
     parser.add_argument("space", type=Path, help="the search space, a YAML file (configs/sweep.yaml shows one)")
     parser.add_argument(
         "--trials", type=int, default=20, help="trials to run in all, by every process of the study (%(default)s)"

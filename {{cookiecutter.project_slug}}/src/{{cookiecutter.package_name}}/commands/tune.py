@@ -10,7 +10,6 @@ Results go into configs/tuned.yaml, beside what `benchmark data` wrote there; tr
 nothing.
 """
 
-import argparse
 import math
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.tuner import Tuner
 
 from ..cli import build
-from ..errors import PACKAGE
+from ..errors import PACKAGE, CommandParser
 from .tuned_config import TUNED_CONFIG, update_tuned_config
 
 LR_CURVE = Path("runs/tune/lr_find.png")
@@ -176,7 +175,7 @@ def find_batch_size(cli, max_trials: int) -> int:
 
 
 def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog=f"{PACKAGE} tune", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=f"{PACKAGE} tune", description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["lr", "batch_size"])
     parser.add_argument("--steps", type=int, default=200, help="lr: steps of the range test (%(default)s)")
     parser.add_argument(
