@@ -226,6 +226,15 @@ def test_every_process_keeps_a_full_batch(tiny_shapes):
     assert data.train_dataloader().drop_last is False
 
 
+@pytest.mark.parametrize(("batch_size", "trained"), [(16, 24), (20, 20), (23, 23), (12, 24)])
+def test_an_epoch_keeps_a_last_batch_of_half_a_batch_or_more(tmp_path, batch_size, trained):
+    # 24 training images: batches of 16 leave 8 (half a batch: kept), of 20 leave 4 and of 23 leave 1 (dropped).
+    data = ImageDataModule(make_folder(tmp_path, {"cat": 15, "dog": 15}), num_workers=0, batch_size=batch_size)
+    data.setup("fit")
+    assert len(data.train_set) == 24
+    assert sum(len(labels) for _, labels in data.train_dataloader()) == trained
+
+
 def test_hyperparameters_hold_plain_types(tmp_path):
     data = ImageDataModule(tmp_path / "images")
     assert data.hparams.data_dir == str(tmp_path / "images")

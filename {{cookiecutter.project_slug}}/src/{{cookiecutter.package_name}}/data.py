@@ -256,10 +256,11 @@ class ImageDataModule(L.LightningDataModule):
         )
 
     def _drop_last(self, images: int) -> bool:
-        # A last batch of one image breaks BatchNorm, and a short one skews its statistics; but each
-        # process sees only its share of the images, which must still fill a batch.
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        return images // world_size > self.batch_size
+        # A last batch of one image breaks BatchNorm, and one much shorter than the others skews its
+        # statistics: it goes. One of half a batch or more stays, or a small dataset (122 images in
+        # batches of 64) would train on half its images. Each process's share must still fill a batch.
+        share = images // (self.trainer.world_size if self.trainer is not None else 1)
+        return share > self.batch_size and share % self.batch_size < max(2, self.batch_size / 2)
 
     def train_dataloader(self) -> DataLoader:
         position, self._epoch_position = self._epoch_position, None
@@ -466,6 +467,10 @@ class StreamingDataModule(ImageDataModule):
 
     def train_class_counts(self) -> list[int]:
         return self.manifest["splits"]["train"]["class_counts"]
+
+    def _drop_last(self, images: int) -> bool:
+        # LitData evens out the processes' shares by dropping the last batch, whatever its length.
+        return images // (self.trainer.world_size if self.trainer is not None else 1) > self.batch_size
 
     def train_dataloader(self) -> DataLoader:
         from .datasets.streaming import resume_position
