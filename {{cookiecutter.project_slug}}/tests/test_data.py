@@ -244,9 +244,10 @@ def test_exif_orientation_is_applied(tmp_path):
     image = Image.new("RGB", (40, 20))
     exif = image.getexif()
     exif[0x0112] = 6  # rotated 90 degrees: shown 20 wide and 40 high
-    for suffix in ("jpg", "tiff"):
+    for suffix in ("jpg", "png", "webp", "tiff"):
         image.save(tmp_path / f"photo.{suffix}", exif=exif)
         assert read_rgb(str(tmp_path / f"photo.{suffix}")).shape == (3, 40, 20), suffix
+        assert read_rgb((tmp_path / f"photo.{suffix}").read_bytes()).shape == (3, 40, 20), f"{suffix} in memory"
 
 
 def test_16_bit_grey_tiff_keeps_its_levels(tmp_path):

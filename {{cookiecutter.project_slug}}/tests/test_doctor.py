@@ -31,6 +31,22 @@ def test_a_cpu_config_on_a_cpu_machine_passes():
     assert failures(NO_GPU, config()) == []
 
 
+def test_the_precision_is_the_one_fit_trains_in():
+    def precision_line(facts: dict, **trainer) -> str:
+        checks = doctor.checks(facts, config(**trainer))
+        (line,) = [check.what for check in checks if check.what.startswith("precision")]
+        return line
+
+    # bf16-mixed (the default) on a machine without a GPU: fit trains in 32-true, and says why.
+    assert precision_line(NO_GPU, accelerator="auto", precision="bf16-mixed").startswith(
+        "precision 32-true for the configured bf16-mixed (bfloat16 autocast on a CPU is measured slower"
+    )
+    assert precision_line(NO_GPU | {"cpu_bf16": False}, precision="bf16-mixed").startswith(
+        "precision 32-true for the configured bf16-mixed (this CPU lacks bfloat16 arithmetic"
+    )
+    assert precision_line(NO_GPU, precision="bf16-mixed") == "precision bf16-mixed, strategy auto"
+
+
 def test_gpu_without_cuda_device_fails_with_a_fix():
     (failure,) = failures(NO_GPU, config(accelerator="gpu"))
     assert "no CUDA GPU is visible" in failure.what and "torch with CUDA" in failure.fix

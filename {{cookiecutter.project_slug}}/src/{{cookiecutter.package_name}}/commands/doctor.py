@@ -14,7 +14,7 @@ from ..cli import resolved_config
 from ..data import auto_workers
 from ..errors import PACKAGE, CommandParser
 from ..hardware.checks import machine_facts, machine_of
-from ..hardware.rules import from_trainer, problems, target
+from ..hardware.rules import fastest_precision, from_trainer, problems, target
 {%- if cookiecutter.logger == "wandb" %}
 from ..training.wandb_logging import has_api_key
 {%- endif %}
@@ -51,7 +51,9 @@ def checks(facts: dict, config: dict) -> list[Check]:
             target(settings, machine), f"CPU ({facts['cpus']} cores)"
         )
         found.append(Check("ok", f"accelerator {settings.accelerator}: {where}"))
-        found.append(Check("ok", f"precision {settings.precision}, strategy {settings.strategy}"))
+        precision, why = fastest_precision(settings, machine)  # what fit trains in, as it says there
+        chosen = f"precision {precision}" + (f" for the configured {settings.precision} ({why})" if why else "")
+        found.append(Check("ok", f"{chosen}, strategy {settings.strategy}"))
     devices = settings.device_count or max(1, len(facts["gpus"]))
     found += data_checks(facts, data, devices)
 {%- if cookiecutter.logger == "wandb" %}

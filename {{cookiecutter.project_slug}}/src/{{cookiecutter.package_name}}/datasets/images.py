@@ -74,13 +74,23 @@ def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
     """Decode an image file, or its bytes, to a 3×H×W tensor (uint8, or uint16 for 16-bit PNG),
     upright as its EXIF orientation says; grey, alpha, palette and CMYK images become RGB."""
     in_memory = not isinstance(source, str)
-    encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
-    try:
-        return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except RuntimeError:  # formats torchvision.io cannot decode (BMP, TIFF, PPM): PIL reads them
-        with Image.open(io.BytesIO(source) if in_memory else source) as image:
-            image = ImageOps.exif_transpose(image)
-            if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
-                levels = np.asarray(image, dtype=np.float32) / 257
-                image = Image.fromarray(levels.clip(0, 255).astype(np.uint8))
-            return pil_to_tensor(image.convert("RGB"))
+    if not is_webp(source):  # torchvision.io decodes WebP without turning it upright: PIL does both
+        encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
+        with contextlib.suppress(RuntimeError):  # formats torchvision.io cannot decode (BMP, TIFF, PPM)
+            return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    with Image.open(io.BytesIO(source) if in_memory else source) as image:
+        image = ImageOps.exif_transpose(image)
+        if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
+            levels = np.asarray(image, dtype=np.float32) / 257
+            image = Image.fromarray(levels.clip(0, 255).astype(np.uint8))
+        return pil_to_tensor(image.convert("RGB"))
+
+
+def is_webp(source: str | bytes | memoryview) -> bool:
+    """Whether an image file, or its bytes, is WebP (a RIFF container of kind WEBP)."""
+    if isinstance(source, str):
+        with open(source, "rb") as file:
+            head = file.read(12)
+    else:
+        head = bytes(source[:12])
+    return head[:4] == b"RIFF" and head[8:12] == b"WEBP"

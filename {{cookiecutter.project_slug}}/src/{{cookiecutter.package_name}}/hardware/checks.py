@@ -69,10 +69,10 @@ def check_hardware(trainer) -> None:
 
 
 def settle_precision(trainer) -> None:
-    """Train in 32-true where the configured bfloat16 would be emulated, saying why."""
+    """Run in 32-true where the configured bfloat16 would be slower, saying why (fit, or an evaluation)."""
     precision, why = fastest_precision(from_trainer(trainer), machine_of(machine_facts()))
     if why:
-        rank_zero_info(f"Training in {precision}: {why}.")
+        rank_zero_info(f"Running in {precision}: {why}.")
         trainer["precision"] = precision
 
 
