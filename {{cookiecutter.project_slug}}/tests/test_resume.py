@@ -91,6 +91,25 @@ def test_last_on_a_finished_run_says_how_to_train_longer(monkeypatch, caplog, in
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2, "nothing more was trained"
 
 
+def test_an_early_stop_is_said_by_its_run_and_not_by_the_run_that_trains_it_further(
+    monkeypatch, caplog, in_project_copy, tiny_shapes
+):
+    def stopping(threshold: float | None) -> str:
+        options = {"monitor": "val/loss", "mode": "min", "stopping_threshold": threshold}
+        return "--trainer.callbacks+=" + json.dumps({"class_path": "EarlyStopping", "init_args": options})
+
+    three_epochs = ["--trainer.limit_val_batches=1", "--trainer.limit_train_batches=2", "--trainer.max_epochs=3"]
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *three_epochs, stopping(1e6))
+    assert "Stopped early after epoch 0: Stopping threshold reached: val/loss = " in caplog.text
+    (run,) = run_folders(in_project_copy)
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 2
+    caplog.clear()
+    # The same callback (its state comes back from the checkpoint) without the threshold: all 3 epochs.
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *three_epochs, stopping(None), "--ckpt_path=last")
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 6
+    assert "Stopped early" not in caplog.text
+
+
 SIGTERM_AT_STEP_2 = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 2}})
 
 

@@ -418,6 +418,14 @@ class ClassifierCLI(LightningCLI):
 
     before_fit = before_validate = before_test = before_predict = check_run
 
+    def after_fit(self) -> None:
+        # Lightning's EarlyStopping stops a run in silence unless verbose, which also logs every
+        # improvement. Its reason from this fit only: a run trained further restores an older one.
+        for callback in self.trainer.early_stopping_callbacks:
+            if callback.stopping_reason_message and callback.stopped_epoch == self.trainer.current_epoch - 1:
+                reason = callback.stopping_reason_message.removesuffix(" Signaling Trainer to stop.")
+                rank_zero_info(f"Stopped early after epoch {callback.stopped_epoch}: {reason}")
+
 
 def place_runs(trainer: Namespace) -> None:
     """Runs go where the logger's save_dir says, under trainer.default_root_dir when one is given
