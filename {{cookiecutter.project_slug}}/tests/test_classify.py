@@ -71,12 +71,15 @@ def test_wrong_options_end_in_one_line(monkeypatch, capsys, trained, tiny_shapes
     assert expected in refusal(monkeypatch, capsys, "classify", str(tiny_shapes / "test"), *given)
 
 
-def test_only_unreadable_images_is_a_failure(monkeypatch, capsys, trained, tmp_path):
+def test_only_unreadable_images_is_a_failure_that_keeps_the_earlier_output(monkeypatch, capsys, trained, tmp_path):
     (tmp_path / "notes.png").write_text("not an image")
+    earlier = tmp_path / "predictions.csv"
+    earlier.write_text("path,class_1,probability_1\n")
     capsys.readouterr()
     with pytest.warns(UserWarning, match="notes.png"):
-        line = refusal(monkeypatch, capsys, "classify", str(tmp_path / "notes.png"))
+        line = refusal(monkeypatch, capsys, "classify", str(tmp_path / "notes.png"), f"--output={earlier}")
     assert "None of the 1 images could be read" in line
+    assert earlier.read_text() == "path,class_1,probability_1\n"
 
 
 def test_an_onnx_export_classifies_as_its_checkpoint_into_a_new_folder(monkeypatch, trained, tiny_shapes):

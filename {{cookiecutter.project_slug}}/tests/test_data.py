@@ -1,3 +1,4 @@
+import contextlib
 import os
 import signal
 import subprocess
@@ -6,6 +7,7 @@ import threading
 import time
 import warnings
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
@@ -84,7 +86,7 @@ def test_worker_settings(tiny_shapes, workers):
     assert loader.persistent_workers is (workers > 0)
     assert loader.prefetch_factor == (2 if workers else None)
     assert loader.pin_memory is torch.cuda.is_available()
-    assert loader.drop_last and data.val_dataloader().drop_last is False
+    assert data.val_dataloader().drop_last is False
 
 
 LOCK = threading.Lock()
@@ -226,12 +228,24 @@ def test_every_process_keeps_a_full_batch(tiny_shapes):
     assert data.train_dataloader().drop_last is False
 
 
-@pytest.mark.parametrize(("batch_size", "trained"), [(16, 24), (20, 20), (23, 23), (12, 24)])
-def test_an_epoch_keeps_a_last_batch_of_half_a_batch_or_more(tmp_path, batch_size, trained):
-    # 24 training images: batches of 16 leave 8 (half a batch: kept), of 20 leave 4 and of 23 leave 1 (dropped).
-    data = ImageDataModule(make_folder(tmp_path, {"cat": 15, "dog": 15}), num_workers=0, batch_size=batch_size)
+@pytest.mark.parametrize(
+    ("classes", "processes", "batch_size", "trained"),
+    [
+        # 24 training images: batches of 16 leave 8 (half a batch: kept), of 7 leave 3, of 23 leave 1 (dropped).
+        ({"cat": 15, "dog": 15}, 1, 16, 24),
+        ({"cat": 15, "dog": 15}, 1, 7, 21),
+        ({"cat": 15, "dog": 15}, 1, 23, 23),
+        # 25 over 2 processes: 13 each (one image twice, as DistributedSampler evens them), in batches of 5.
+        ({"cat": 16, "dog": 15}, 2, 5, 13),
+    ],
+)
+def test_an_epoch_keeps_a_last_batch_of_half_a_batch_or_more(tmp_path, classes, processes, batch_size, trained):
+    data = ImageDataModule(make_folder(tmp_path, classes), num_workers=0, batch_size=batch_size)
     data.setup("fit")
-    assert len(data.train_set) == 24
+    assert len(data.train_set) == sum(classes.values()) - 6  # 3 of each class validate
+    shards = {"num_replicas": processes, "rank": 0}
+    data.trainer = SimpleNamespace(world_size=processes, num_devices=processes, accelerator=None, global_rank=0,
+                                   distributed_sampler_kwargs=shards)  # fmt: skip
     assert sum(len(labels) for _, labels in data.train_dataloader()) == trained
 
 
@@ -335,7 +349,8 @@ import time
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: None)  # noted and left for later, as Lightning's handler does
+    if sys.argv[2] == "handled":  # noted and left for later, as Lightning's handler does
+        signal.signal(signal.SIGTERM, lambda *_: None)
     data = ImageDataModule(sys.argv[1], num_workers=2, batch_size=8, image_size=32)
     data.setup("fit")
     batches = iter(data.train_dataloader())
@@ -354,7 +369,7 @@ def test_a_sigterm_to_the_process_group_leaves_the_data_workers_of_the_default_s
     # workers too; the command reads batches until its checkpoint is saved, and the workers must live.
     script = tmp_path / "signalled_loader.py"
     script.write_text(LOADER_SIGNALLED)
-    command = [sys.executable, str(script), str(tiny_shapes)]
+    command = [sys.executable, str(script), str(tiny_shapes), "handled"]
     process = subprocess.Popen(
         command, env=command_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
@@ -365,5 +380,38 @@ def test_a_sigterm_to_the_process_group_leaves_the_data_workers_of_the_default_s
         out, err = process.communicate("\n", timeout=120)
         assert process.returncode == 0, err[-3000:]
         assert out.split() == ["batches", "9"]  # 72 training images in batches of 8
+    finally:
+        kill_group(process)
+
+
+def running_in_group(group: int) -> list[int]:
+    """The processes of a process group that run (zombies left for an init that does not reap excluded)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            state, _, process_group = stat.read_text().rpartition(")")[2].split()[:3]
+            if int(process_group) == group and state not in ("Z", "X"):
+                found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table in /proc")
+def test_a_command_that_a_sigterm_ends_leaves_no_data_worker_behind(tiny_shapes, tmp_path):
+    # No handler (a script of the user's that reads batches): the SIGTERM ends the command at once,
+    # and its workers and the fork server must follow, not wait for a signal that never comes.
+    script = tmp_path / "signalled_loader.py"
+    script.write_text(LOADER_SIGNALLED)
+    command = [sys.executable, str(script), str(tiny_shapes), "unhandled"]
+    process = subprocess.Popen(command, env=command_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        assert len(running_in_group(process.pid)) >= 4  # the command, the fork server, 2 workers
+        os.killpg(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=60) == -signal.SIGTERM
+        deadline = time.monotonic() + 20
+        while running_in_group(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert running_in_group(process.pid) == [], "data workers or the fork server outlived their command"
     finally:
         kill_group(process)

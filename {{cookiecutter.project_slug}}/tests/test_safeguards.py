@@ -106,25 +106,21 @@ def ended(pid: int) -> bool:
     return not status.exists() or "\nState:\tZ" in status.read_text()  # gone, or a zombie no one reaps
 
 
-@pytest.mark.skipif(not hasattr(signal, "sigwaitinfo"), reason="helpers leave SIGTERMs to their owner on Linux only")
-def test_a_helper_whose_owner_was_killed_outright_ends_on_sigterm(tmp_path):
-    # A server killed with SIGKILL leaves its model worker holding the GPU: a plain `kill` must end it.
+@pytest.mark.skipif(not hasattr(signal, "sigtimedwait"), reason="helpers leave SIGTERMs to their owner on Linux only")
+def test_a_helper_whose_owner_was_killed_outright_ends_of_itself(tmp_path):
+    # A server killed with SIGKILL would leave its model worker holding the GPU.
     owner = subprocess.Popen([sys.executable, "-c", OWNER_OF_A_HELPER], stdout=subprocess.PIPE, text=True,
                              cwd=tmp_path, env=command_env())  # fmt: skip
     helper = int(owner.stdout.readline())
     try:
         os.kill(helper, signal.SIGTERM)  # from the test, while the owner lives: left to the owner
-        time.sleep(1)
+        time.sleep(1.5)
         assert not ended(helper)
         owner.kill()  # and not reaped: a zombie, which os.kill(owner, 0) still finds
         deadline = time.monotonic() + 10
-        while parent_of(helper) == owner.pid and time.monotonic() < deadline:
-            time.sleep(0.05)  # the kernel gives the helper another parent as the owner exits
-        os.kill(helper, signal.SIGTERM)
-        deadline = time.monotonic() + 10
         while not ended(helper) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert ended(helper), "the helper outlived its owner and ignored SIGTERM"
+        assert ended(helper), "the helper outlived its owner"
     finally:
         owner.kill()
         owner.wait()

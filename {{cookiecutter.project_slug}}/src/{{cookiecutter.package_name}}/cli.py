@@ -421,8 +421,11 @@ class ClassifierCLI(LightningCLI):
     def after_fit(self) -> None:
         # Lightning's EarlyStopping stops a run in silence unless verbose, which also logs every
         # improvement. Its reason from this fit only: a run trained further restores an older one.
+        if not self.trainer.should_stop:
+            return
         for callback in self.trainer.early_stopping_callbacks:
-            if callback.stopping_reason_message and callback.stopped_epoch == self.trainer.current_epoch - 1:
+            stopped_now = callback.stopped_epoch == self.trainer.current_epoch - 1
+            if callback.stopping_reason_message and stopped_now and not callback.verbose:
                 reason = callback.stopping_reason_message.removesuffix(" Signaling Trainer to stop.")
                 rank_zero_info(f"Stopped early after epoch {callback.stopped_epoch}: {reason}")
 

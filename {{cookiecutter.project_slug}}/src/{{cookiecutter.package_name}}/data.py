@@ -255,11 +255,10 @@ class ImageDataModule(L.LightningDataModule):
             options.random_erasing,
         )
 
-    def _drop_last(self, images: int) -> bool:
+    def _drop_last(self, share: int) -> bool:
         # A last batch of one image breaks BatchNorm, and one much shorter than the others skews its
         # statistics: it goes. One of half a batch or more stays, or a small dataset (122 images in
-        # batches of 64) would train on half its images. Each process's share must still fill a batch.
-        share = images // (self.trainer.world_size if self.trainer is not None else 1)
+        # batches of 64) would train on half its images. A process's share must still fill a batch.
         return share > self.batch_size and share % self.batch_size < max(2, self.batch_size / 2)
 
     def train_dataloader(self) -> DataLoader:
@@ -279,7 +278,7 @@ class ImageDataModule(L.LightningDataModule):
                 rank_zero_warn(epoch_restarts(changed))
             else:
                 sampler.resume_at(position["epoch"], position["batches"] * self.batch_size)
-        return self._loader(self.train_set, sampler=sampler, drop_last=self._drop_last(len(self.train_set)))
+        return self._loader(self.train_set, sampler=sampler, drop_last=self._drop_last(len(sampler)))
 
     def val_dataloader(self) -> DataLoader:
         return self._evaluation_loader(self.val_set)
@@ -468,15 +467,13 @@ class StreamingDataModule(ImageDataModule):
     def train_class_counts(self) -> list[int]:
         return self.manifest["splits"]["train"]["class_counts"]
 
-    def _drop_last(self, images: int) -> bool:
-        # LitData evens out the processes' shares by dropping the last batch, whatever its length.
-        return images // (self.trainer.world_size if self.trainer is not None else 1) > self.batch_size
-
     def train_dataloader(self) -> DataLoader:
         from .datasets.streaming import resume_position
 
         position, self._epoch_position = self._epoch_position, None
-        loader = self._loader(self.train_set, drop_last=self._drop_last(sum(self.train_class_counts())))
+        # LitData evens out the processes' shares by dropping each one's last batch, whatever its length.
+        share = sum(self.train_class_counts()) // (self.trainer.world_size if self.trainer is not None else 1)
+        loader = self._loader(self.train_set, drop_last=share > self.batch_size)
         if position is not None:
             resume_position(loader, position["loader"])
         return loader

@@ -234,7 +234,7 @@ class ImageClassifier(L.LightningModule):
         self.log(f"{stage}/loss", mean_loss, on_epoch=True)
         self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
 
-    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def predict_step(self, batch: tuple[torch.Tensor, list[str]] | torch.Tensor, batch_idx: int) -> torch.Tensor:
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(images).softmax(dim=-1)
 

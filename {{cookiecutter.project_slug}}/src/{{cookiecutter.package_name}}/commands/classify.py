@@ -70,17 +70,13 @@ def main(args: list[str]) -> int:
     checkpoint = options.checkpoint or best_checkpoint(options.runs, "--checkpoint")
     paths = image_files(options.images)
     predictor = Predictor(checkpoint).load(options.device)
-    rows = classify(predictor, paths, options.batch_size, options.top_k)
-
-    written = 0
+    rows = list(classify(predictor, paths, options.batch_size, options.top_k))
+    if not rows:  # refused before --output is opened: an earlier file there stays
+        raise DataError(f"None of the {len(paths)} images could be read (the warnings above name them).")
     options.output.parent.mkdir(parents=True, exist_ok=True)
     with options.output.open("w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(csv_header(min(options.top_k, len(predictor.class_names))))
-        for path, top in rows:
-            writer.writerow(csv_row(path, top))
-            written += 1
-    if not written:
-        raise DataError(f"None of the {len(paths)} images could be read (the warnings above name them).")
-    print(f"Classified {written} of {len(paths)} images with {checkpoint}: {options.output}", file=sys.stderr)
+        writer.writerows(csv_row(path, top) for path, top in rows)
+    print(f"Classified {len(rows)} of {len(paths)} images with {checkpoint}: {options.output}", file=sys.stderr)
     return 0

@@ -16,7 +16,7 @@ from lightning.fabric.utilities.load import _load_distributed_checkpoint
 from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
 from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-from ..errors import PACKAGE, CommandParser, DataError
+from ..errors import PACKAGE, CommandParser, DataError, one_line
 from ..training.checkpoint_io import written_whole
 
 
@@ -44,6 +44,9 @@ def main(args: list[str]) -> int:
     if not options.checkpoint.is_dir():
         raise DataError(f"{options.checkpoint} is not a folder: only sharded checkpoints (folders) need consolidating.")
     options.output.parent.mkdir(parents=True, exist_ok=True)
-    consolidate(options.checkpoint, options.output)
+    try:
+        consolidate(options.checkpoint, options.output)
+    except ValueError as error:  # the converters' word for shards they cannot read
+        raise DataError(f"{options.checkpoint}: {one_line(error)}") from error
     print(f"Wrote {options.output}: load it with ImageClassifier.load_from_checkpoint({str(options.output)!r})")
     return 0

@@ -35,7 +35,7 @@ class PredictionsCSV(BasePredictionWriter):
     loader skips, is left out rather than shifting the rows after it."""
 
     def __init__(self, top_k: int = 3) -> None:
-        super().__init__(write_interval="batch_and_epoch")
+        super().__init__(write_interval="batch")
         self.top_k = top_k
         self.rows: dict[str, list[tuple[str, float]]] = {}
 
@@ -46,22 +46,25 @@ class PredictionsCSV(BasePredictionWriter):
         self, trainer, pl_module, prediction: torch.Tensor, batch_indices, batch, batch_idx: int, dataloader_idx: int
     ) -> None:
         _, paths = batch
+        if not all(isinstance(path, str) for path in paths):
+            raise TypeError("PredictionsCSV needs the images' paths in the batch, as ImageDataModule's predict gives.")
         tops = top_classes(prediction.float().cpu(), pl_module.label_names(), self.top_k)
         self.rows.update(zip(paths, tops, strict=True))
 
-    def write_on_epoch_end(self, trainer: L.Trainer, pl_module, predictions: list, batch_indices: list) -> None:
+    def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         rows = self.rows
         if dist.is_available() and dist.is_initialized():  # each process predicted its share of the images
             shares = [None] * dist.get_world_size()
             dist.all_gather_object(shares, rows)
-            rows = {path: top for share in shares for path, top in share.items()}  # a process may repeat some
+            rows = {path: top for share in shares for path, top in share.items()}
         if not trainer.is_global_zero:
             return
         folder = report_folder(trainer) or Path.cwd()
         folder.mkdir(parents=True, exist_ok=True)
         output = folder / f"predictions_{trainer.datamodule.predicted_split}.csv"
+        top_k = min(self.top_k, len(pl_module.label_names()))
         with output.open("w", newline="") as file:
             writer = csv.writer(file)
-            writer.writerow(csv_header(min(self.top_k, len(pl_module.label_names()))))
+            writer.writerow(csv_header(top_k))
             writer.writerows(csv_row(path, top) for path, top in sorted(rows.items()))
-        print(f"Wrote the top {self.top_k} classes of {len(rows)} images to {output}")
+        print(f"Wrote the top {top_k} classes of {len(rows)} images to {output}")

@@ -11,9 +11,10 @@ from multiprocessing import forkserver, resource_tracker
 
 def leave_to(owner: int) -> None:
     """In a helper process: a SIGTERM from `owner` still ends it (through the handler it sets, or at
-    once), and one from anyone else is left to `owner` while it lives. Linux only: elsewhere helpers
-    start by spawn and keep the default."""
-    if not hasattr(signal, "sigwaitinfo"):
+    once), and one from anyone else is left to `owner` while it lives; a helper whose owner has ended
+    without ending it (killed outright) ends within a second. Linux only: elsewhere helpers start by
+    spawn and keep the default."""
+    if not hasattr(signal, "sigtimedwait"):
         return
     # Threads started from here on inherit the mask; one started before would take the signal itself.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -22,10 +23,11 @@ def leave_to(owner: int) -> None:
 
 
 def start_forkserver() -> None:
-    """Start multiprocessing's fork server, unless it runs, with SIGTERM blocked: a mask it keeps and
-    the data workers it forks inherit. A SIGTERM to the whole group would otherwise end the server,
-    and PyTorch's workers take their parent's end for their command's and stop, before the command
-    has saved its checkpoint. The server ends when the command does."""
+    """Start multiprocessing's fork server, unless it runs, with SIGTERM blocked. A SIGTERM to the
+    whole group would otherwise end the server, and PyTorch's data workers take their parent's end
+    for their command's and stop, before the command has saved its checkpoint. What the server forks
+    starts with SIGTERM unblocked again (at fork, below), and the workers leave it to the command as
+    they start. The server ends once the command and its workers have."""
     resource_tracker.ensure_running()  # started first, as starting it unblocks SIGTERM
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
@@ -34,28 +36,43 @@ def start_forkserver() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
+def _unblock_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+# Run in the fork server too, which imports this module (data.py's preload): a process it forks for
+# something else than a data worker must end on SIGTERM (Process.terminate()).
+if hasattr(os, "register_at_fork") and hasattr(signal, "pthread_sigmask"):
+    os.register_at_fork(after_in_child=_unblock_sigterm)
+
+
 def process_alive(pid: int) -> bool:
+    """Whether `pid` runs: it exists (someone else's too) and is no zombie, dead but not yet reaped."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # no /proc: a zombie counts as running
+        return True
 
 
 def owner_gone(owner: int, parent: int) -> bool:
-    """Whether `owner` was killed outright: a helper whose parent died has another at once, while a
-    dead owner not yet reaped still answers kill(pid, 0)."""
+    """Whether `owner` has ended: a helper whose parent died has another at once."""
     return os.getppid() != parent or not process_alive(owner)
 
 
 def _end_on_sigterm_from(owner: int, parent: int) -> None:
     # Another's SIGTERM is taken and dropped: the owner has the same signal, and ends this process
-    # when it is ready. Unless the owner was killed outright: then nothing else would end it.
-    while True:
-        sender = signal.sigwaitinfo({signal.SIGTERM}).si_pid
-        if sender == owner or owner_gone(owner, parent):
+    # when it is ready. Unless the owner has ended without doing so (killed outright, or by that
+    # SIGTERM with no handler of its own): looked at each second, as nothing else would end it.
+    while not owner_gone(owner, parent):
+        received = signal.sigtimedwait({signal.SIGTERM}, 1.0)
+        if received is not None and received.si_pid == owner:
             break
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         os._exit(0)  # status 0: a DataLoader counts a worker killed by a signal as a crash
