@@ -6,7 +6,6 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.callbacks import BasePredictionWriter
 
 from .reports import report_folder
 
@@ -28,22 +27,21 @@ def top_classes(probabilities: torch.Tensor, names: list[str], top_k: int) -> li
     ]
 
 
-class PredictionsCSV(BasePredictionWriter):
+class PredictionsCSV(L.Callback):
     """`predict` writes each image's top classes and their probabilities to
     <run>/reports/predictions_<split>.csv (test, or val when there is no test split), sorted by path.
     The data module labels each predicted image with its path, so an unreadable image, which the
     loader skips, is left out rather than shifting the rows after it."""
 
     def __init__(self, top_k: int = 3) -> None:
-        super().__init__(write_interval="batch")
         self.top_k = top_k
         self.rows: dict[str, list[tuple[str, float]]] = {}
 
     def on_predict_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.rows = {}
 
-    def write_on_batch_end(
-        self, trainer, pl_module, prediction: torch.Tensor, batch_indices, batch, batch_idx: int, dataloader_idx: int
+    def on_predict_batch_end(
+        self, trainer, pl_module, prediction: torch.Tensor, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         _, paths = batch
         if not all(isinstance(path, str) for path in paths):
