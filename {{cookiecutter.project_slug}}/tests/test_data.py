@@ -343,17 +343,22 @@ def test_a_process_whose_workers_are_still_up_exits_at_once(tiny_shapes, tmp_pat
 
 
 LOADER_SIGNALLED = """
+import os
 import signal
 import sys
 import time
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 
 if __name__ == "__main__":
-    if sys.argv[2] == "handled":  # noted and left for later, as Lightning's handler does
+    handled = sys.argv[2] == "handled"
+    if handled:  # noted and left for later, as Lightning's handler does
         signal.signal(signal.SIGTERM, lambda *_: None)
     data = ImageDataModule(sys.argv[1], num_workers=2, batch_size=8, image_size=32)
     data.setup("fit")
     batches = iter(data.train_dataloader())
+    if handled and os.fork() == 0:  # a first one while the workers start, from another process
+        os.killpg(0, signal.SIGTERM)
+        os._exit(0)
     next(batches)
     print("ready", flush=True)
     sys.stdin.readline()  # the SIGTERM to the whole group has come
@@ -366,7 +371,8 @@ def test_a_sigterm_to_the_process_group_leaves_the_data_workers_of_the_default_s
     tiny_shapes, tmp_path
 ):
     # scancel and `timeout` signal every process of the group, the fork server that starts the
-    # workers too; the command reads batches until its checkpoint is saved, and the workers must live.
+    # workers too, at any moment (here as the workers start, and once they run); the command reads
+    # batches until its checkpoint is saved, and the workers must live.
     script = tmp_path / "signalled_loader.py"
     script.write_text(LOADER_SIGNALLED)
     command = [sys.executable, str(script), str(tiny_shapes), "handled"]

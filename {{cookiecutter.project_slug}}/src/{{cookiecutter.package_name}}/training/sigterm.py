@@ -25,25 +25,16 @@ def leave_to(owner: int) -> None:
 def start_forkserver() -> None:
     """Start multiprocessing's fork server, unless it runs, with SIGTERM blocked. A SIGTERM to the
     whole group would otherwise end the server, and PyTorch's data workers take their parent's end
-    for their command's and stop, before the command has saved its checkpoint. What the server forks
-    starts with SIGTERM unblocked again (at fork, below), and the workers leave it to the command as
-    they start. The server ends once the command and its workers have."""
+    for their command's and stop, before the command has saved its checkpoint. What it forks starts
+    with the mask too, so that a worker the signal reaches before it leaves SIGTERM to the command
+    (leave_to) keeps it pending; another process forked by this server (the forkserver context's,
+    Python 3.14's default) needs SIGKILL. The server ends once the command and its workers have."""
     resource_tracker.ensure_running()  # started first, as starting it unblocks SIGTERM
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def _unblock_sigterm() -> None:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-
-# Run in the fork server too, which imports this module (data.py's preload): a process it forks for
-# something else than a data worker must end on SIGTERM (Process.terminate()).
-if hasattr(os, "register_at_fork") and hasattr(signal, "pthread_sigmask"):
-    os.register_at_fork(after_in_child=_unblock_sigterm)
 
 
 def process_alive(pid: int) -> bool:
