@@ -2,19 +2,19 @@
 
 IMAGES are image files or folders (searched recursively). The model comes from --checkpoint (a
 checkpoint, or an ONNX file from `export`), by default the best checkpoint of the newest run under
-runs/. Runs on the CPU unless --device says
-otherwise. Unreadable images are skipped with a warning naming them.
+runs/. Runs on the CPU unless --device says otherwise. Unreadable images are skipped with a warning
+naming them.
 """
 
 import csv
 import sys
-import warnings
 from pathlib import Path
 
 import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..data import image_files_under
+from ..datasets.images import labelled_image
 from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError
 from ..training.predictions import csv_header, csv_row, top_classes
 from ..training.resume import check_checkpoint
@@ -40,16 +40,15 @@ def image_files(inputs: list[Path]) -> list[Path]:
 def classify(predictor: Predictor, paths: list[Path], batch_size: int, top_k: int):
     """Yield (path, [(class name, probability), ...]) for each readable image, best class first."""
     for start in range(0, len(paths), batch_size):
-        batch, readable = [], []
-        for path in paths[start : start + batch_size]:
-            try:
-                batch.append(predictor.prepare(str(path)))
-                readable.append(path)
-            except (RuntimeError, OSError, ValueError) as error:  # ValueError: our DataErrors too
-                warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
-        if batch:
-            probabilities = predictor(torch.stack(batch))
-            yield from zip(readable, top_classes(probabilities, predictor.class_names, top_k), strict=True)
+        batch = [
+            labelled_image(str(path), path, str(path), predictor.transform, skip_unreadable=True)
+            for path in paths[start : start + batch_size]
+        ]
+        readable = [sample for sample in batch if sample is not None]
+        if readable:
+            images, names = zip(*readable, strict=True)
+            tops = top_classes(predictor(torch.stack(images)), predictor.class_names, top_k)
+            yield from zip(names, tops, strict=True)
 
 
 def main(args: list[str]) -> int:
@@ -76,7 +75,7 @@ def main(args: list[str]) -> int:
     options.output.parent.mkdir(parents=True, exist_ok=True)
     with options.output.open("w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(csv_header(min(options.top_k, len(predictor.class_names))))
+        writer.writerow(csv_header(options.top_k, len(predictor.class_names)))
         writer.writerows(csv_row(path, top) for path, top in rows)
     print(f"Classified {len(rows)} of {len(paths)} images with {checkpoint}: {options.output}", file=sys.stderr)
     return 0

@@ -29,12 +29,20 @@ def read_series(run: Path) -> dict[str, list[tuple[int, float]]]:
             f"No metrics.csv or TensorBoard events in {run}: point report at a run folder of this project's "
             "loggers (runs/<project>/<run>), or train one."
         )
-    if (run / "metrics.csv").is_file():
-        with (run / "metrics.csv").open(newline="") as file:
-            for row in csv.DictReader(file):
-                for name, value in row.items():
-                    if name not in ("step", "epoch") and value:
-                        series.setdefault(name, []).append((int(row["step"]), float(value)))
+    metrics = run / "metrics.csv"
+    if metrics.is_file():
+        with metrics.open(newline="") as file:
+            rows = csv.DictReader(file)
+            try:
+                for row in rows:
+                    for name, value in row.items():
+                        if name not in ("step", "epoch") and value:
+                            series.setdefault(name, []).append((int(row["step"]), float(value)))
+            except (KeyError, TypeError, ValueError) as error:
+                raise DataError(
+                    f"{metrics}, line {rows.line_num}, is not a row of logged numbers ({error!r}): mend or delete "
+                    "that line (the CSV and W&B loggers write a step column and numbers)."
+                ) from error
         return series
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

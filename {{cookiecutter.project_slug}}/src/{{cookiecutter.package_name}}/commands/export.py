@@ -10,14 +10,13 @@ ONNX's 2 GB), and its metadata names the classes and the preprocessing.
 """
 
 import json
-import warnings
 from importlib.util import find_spec
 from pathlib import Path
 
 import torch
 
 from ..data import checkpoint_preprocessing
-from ..datasets.images import read_rgb
+from ..datasets.images import labelled_image
 from ..errors import PACKAGE, CommandParser, DataError, MissingError
 from ..model import ImageClassifier
 from ..training.resume import check_checkpoint, saved_checkpoint
@@ -37,10 +36,9 @@ def sample_images(sources: list[Path], preprocessing: Preprocessing, count: int 
     transform = preprocessing.eval_transform()
     images = []
     for path in image_files(sources):  # at least one: it refuses a folder without images
-        try:
-            images.append(transform(read_rgb(str(path))))
-        except (RuntimeError, OSError, ValueError) as error:  # what the decoders raise for a bad file
-            warnings.warn(f"Skipping the unreadable image {path} ({error})", stacklevel=1)
+        sample = labelled_image(str(path), 0, str(path), transform, skip_unreadable=True)
+        if sample is not None:
+            images.append(sample[0])
         if len(images) == count:
             break
     if not images:

@@ -10,8 +10,10 @@ import torch.distributed as dist
 from .reports import report_folder
 
 
-def csv_header(top_k: int) -> list[str]:
-    return ["path", *(column for k in range(1, top_k + 1) for column in (f"class_{k}", f"probability_{k}"))]
+def csv_header(top_k: int, class_count: int) -> list[str]:
+    """The columns of rows of the `top_k` classes, or of every class where there are fewer."""
+    shown = min(top_k, class_count)
+    return ["path", *(column for k in range(1, shown + 1) for column in (f"class_{k}", f"probability_{k}"))]
 
 
 def csv_row(path: str | Path, top: list[tuple[str, float]]) -> list[str]:
@@ -60,9 +62,8 @@ class PredictionsCSV(L.Callback):
         folder = report_folder(trainer) or Path.cwd()
         folder.mkdir(parents=True, exist_ok=True)
         output = folder / f"predictions_{trainer.datamodule.predicted_split}.csv"
-        top_k = min(self.top_k, len(pl_module.label_names()))
         with output.open("w", newline="") as file:
             writer = csv.writer(file)
-            writer.writerow(csv_header(top_k))
+            writer.writerow(csv_header(self.top_k, len(pl_module.label_names())))
             writer.writerows(csv_row(path, top) for path, top in sorted(rows.items()))
-        print(f"Wrote the top {top_k} classes of {len(rows)} images to {output}")
+        print(f"Wrote the top classes of {len(rows)} images to {output}")
