@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import command_env, disk_full_past, refusal, run_cli, run_command
+from conftest import ON_CPU, command_env, disk_full_past, on_data, refusal, run_cli, run_command
 from jsonargparse import Namespace
 
 from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
@@ -193,6 +194,20 @@ def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in
     for command in ("validate", "test", "predict"):
         message = refusal(monkeypatch, capsys, command, *TRAINER, *data(tiny_shapes))
         assert message.startswith("error: No checkpoint under ") and "train a model first" in message, message
+
+
+def test_a_test_on_data_without_a_test_split_is_refused_before_it_touches_the_run(
+    monkeypatch, capsys, trained, tiny_shapes
+):
+    data = trained / "no_test"
+    for split in ("train", "val"):
+        shutil.copytree(tiny_shapes / split, data / split)
+    capsys.readouterr()
+    before = sorted(trained.glob("runs/**/*"))
+    message = refusal(monkeypatch, capsys, "test", *ON_CPU, *on_data(data))
+    assert message == f"error: No test split: add test/ with one folder per class at {data / 'test'}."
+    # Neither the run's folder (config_test.yaml) nor the logger's (a new W&B run) was written.
+    assert sorted(trained.glob("runs/**/*")) == before
 
 
 def test_an_evaluation_without_a_logger_asks_for_its_checkpoint(monkeypatch, capsys, in_project_copy, tiny_shapes):

@@ -284,9 +284,17 @@ class ImageDataModule(L.LightningDataModule):
         return self._evaluation_loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:
-        if self.test_set is None:
-            raise MissingError(f"No test split: add test/ with one folder per class {self._where_test_goes}.")
+        self.check_test_split()
         return self._evaluation_loader(self.test_set)
+
+    def check_test_split(self) -> None:
+        """Refuse `test` on data without a test split; the CLI asks before a logger starts a run."""
+        if not self._has_test_split:
+            raise MissingError(f"No test split: add test/ with one folder per class {self._where_test_goes}.")
+
+    @property
+    def _has_test_split(self) -> bool:
+        return (self.data_dir / "test").is_dir() or (self.hparams.synthetic and not self.data_dir.exists())
 
     @property
     def _where_test_goes(self) -> str:
@@ -477,6 +485,10 @@ class StreamingDataModule(ImageDataModule):
         if position is not None:
             resume_position(loader, position["loader"])
         return loader
+
+    @property
+    def _has_test_split(self) -> bool:
+        return "test" in self.manifest["splits"]
 
     @property
     def _where_test_goes(self) -> str:
