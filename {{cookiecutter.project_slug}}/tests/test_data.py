@@ -269,6 +269,13 @@ def test_16_bit_grey_tiff_keeps_its_levels(tmp_path):
     assert read_rgb(str(tmp_path / "grey.tif"))[:, 0, 0].tolist() == [127, 127, 127]
 
 
+def test_float_grey_tiff_keeps_its_levels(tmp_path):
+    Image.fromarray(np.array([[0.0, 0.5], [1.0, np.nan]], dtype=np.float32)).save(tmp_path / "unit.tif")
+    assert read_rgb(str(tmp_path / "unit.tif"))[0].tolist() == [[0, 127], [255, 0]]
+    Image.fromarray(np.array([[0.0, 100.0], [255.0, 300.0]], dtype=np.float32)).save(tmp_path / "levels.tif")
+    assert read_rgb(str(tmp_path / "levels.tif"))[0].tolist() == [[0, 100], [255, 255]]
+
+
 def with_broken_images(root):
     make_folder(root, {"cat": 4, "dog": 4})
     good = (root / "cat" / "0.png").read_bytes()

@@ -72,7 +72,8 @@ def collate_readable(samples: list) -> list[torch.Tensor]:
 
 def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
     """Decode an image file, or its bytes, to a 3×H×W tensor (uint8, or uint16 for 16-bit PNG),
-    upright as its EXIF orientation says; grey, alpha, palette and CMYK images become RGB."""
+    upright as its EXIF orientation says; grey, alpha, palette and CMYK images become RGB, and float
+    grey ones are read as 0..1 (or as 0..255 where a value is above 1)."""
     in_memory = not isinstance(source, str)
     if not is_webp(source):  # torchvision.io decodes WebP without turning it upright: PIL does both
         encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
@@ -83,6 +84,9 @@ def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
         if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
             levels = np.asarray(image, dtype=np.float32) / 257
             image = Image.fromarray(levels.clip(0, 255).astype(np.uint8))
+        elif image.mode == "F":  # float grey (scientific TIFFs): 0..1 to 0..255, where convert() would go black
+            levels = np.nan_to_num(np.asarray(image, dtype=np.float32))
+            image = Image.fromarray((levels * 255 if levels.max() <= 1 else levels).clip(0, 255).astype(np.uint8))
         return pil_to_tensor(image.convert("RGB"))
 
 
