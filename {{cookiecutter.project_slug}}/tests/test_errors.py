@@ -119,10 +119,12 @@ def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, 
         shutil.rmtree(data / "circle")
         (data / "circle").mkdir()
     expected = {"missing": "does not exist", "one class": "needs at least two", "empty class": "No images"}[layout]
-    line = refusal(monkeypatch, capsys, *fit(data))
+    # Not a fast_dev_run, whose logger keeps nothing: the default logger's run must not have begun.
+    line = refusal(monkeypatch, capsys, *fit(data), "--trainer.fast_dev_run=false")
     assert expected in line
     # data.synthetic draws only into data/shapes, and refuses any other folder: no fix for this one.
     assert "synthetic" not in line
+    assert not (in_project_copy / "runs").exists()
 
 
 def test_predict_on_a_folder_without_classes_points_at_classify(monkeypatch, capsys, trained, tiny_shapes):

@@ -404,6 +404,7 @@ class ClassifierCLI(LightningCLI):
             check_same_optimizer_layout(len(states[0]["param_groups"]), len(self.model.parameter_groups()))
         if self.subcommand == "fit" and self.trainer.limit_val_batches == 0:
             self.say_validation_off()
+        self.datamodule.check_folders()
         if self.subcommand == "test":
             self.datamodule.check_test_split()
 

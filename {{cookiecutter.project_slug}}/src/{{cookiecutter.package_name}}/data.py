@@ -217,9 +217,16 @@ class ImageDataModule(L.LightningDataModule):
             )
 
     def setup(self, stage: str) -> None:
-        self._make_splits()
+        if self.train_set is None:  # unless check_folders has made them
+            self._make_splits()
         if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), self.class_names)):
             rank_zero_warn(warning)
+
+    def check_folders(self) -> None:
+        """Read the split folders now, before a logger starts a run (a W&B run online), so that a mistake
+        in them (an empty class folder, too few images to split) leaves no run behind."""
+        if self.data_dir.exists():  # the built-in shapes are drawn later, by prepare_data
+            self._make_splits()
 
     def _make_splits(self) -> None:
         options, classes = self.hparams, self.class_names
@@ -453,6 +460,9 @@ class StreamingDataModule(ImageDataModule):
 
     def prepare_data(self) -> None:
         """Sharded data is made by `shard`, never drawn here."""
+
+    def check_folders(self) -> None:
+        """`shard` checked the folders as it wrote the shards; the manifest was read on construction."""
 
     def _make_splits(self) -> None:
         splits = self.manifest["splits"]  # the manifest first: a missing one is named
