@@ -138,6 +138,15 @@ def test_predict_on_a_folder_without_classes_points_at_classify(monkeypatch, cap
     assert f"{loose} has no class folders" in message and f"classify {loose} --checkpoint" in message
 
 
+def test_a_resume_of_another_backbone_is_refused_in_one_line(monkeypatch, capsys, trained, tiny_shapes):
+    (config,) = trained.glob("runs/*/*/config.yaml")
+    config.unlink()  # without it, the options a resume changes are not compared: the weights must be
+    capsys.readouterr()  # the training run's lines
+    options = [*ON_CPU, *on_data(tiny_shapes), "--ckpt_path=last", "--trainer.max_epochs=2"]
+    message = refusal(monkeypatch, capsys, "fit", *options, "--model.backbone=mobilenet_v3_small")
+    assert "weights (resnet18) do not fit this model (mobilenet_v3_small)" in message, message
+
+
 def test_the_traceback_is_there_when_asked_for(monkeypatch, in_project_copy, tiny_shapes):
     monkeypatch.setenv(TRACEBACK_VARIABLE, "1")
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", *fit(tiny_shapes, "--data.batch_size=0")])

@@ -196,6 +196,15 @@ def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in
         assert message.startswith("error: No checkpoint under ") and "train a model first" in message, message
 
 
+def test_an_evaluation_takes_the_model_of_its_checkpoint_not_a_backbone_changed_since(trained, tiny_shapes):
+    # As with --ckpt_path given: the run's resnet18 is built and evaluated, where its weights would not fit.
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "validate", *ON_CPU, *on_data(tiny_shapes),
+               "--model.backbone=mobilenet_v3_small"]  # fmt: skip
+    done = subprocess.run(command, cwd=trained, env=command_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--ckpt_path best (the default): evaluating runs/" in done.stderr
+
+
 def test_a_test_on_data_without_a_test_split_is_refused_before_it_touches_the_run(
     monkeypatch, capsys, trained, tiny_shapes
 ):

@@ -35,7 +35,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from .data import ImageDataModule, TooFewClassesError
 from .errors import PACKAGE, ConfigError, DataError, UserError, likely_meant, one_line, wants_traceback
 from .hardware.checks import check_hardware, settle_precision
-from .model import ImageClassifier, check_same_classes, check_same_optimizer_layout
+from .model import ImageClassifier, check_same_architecture, check_same_classes, check_same_optimizer_layout
 from .training.callbacks import EndWithLauncher
 from .training.checkpoint_io import Trainer
 from .training.progress import LogLines
@@ -368,6 +368,9 @@ class ClassifierCLI(LightningCLI):
         if self.subcommand in EVALUATIONS:
             # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.
             self.save_config_kwargs["config_filename"] = f"config_{self.subcommand}.yaml"
+            # The model is the checkpoint's, as Lightning makes it for a --ckpt_path given, also for the
+            # one found here: a backbone changed in the configs since is for the next fit.
+            self._parse_ckpt_path()
 
     def instantiate_classes(self) -> None:
         try:
@@ -400,6 +403,7 @@ class ClassifierCLI(LightningCLI):
         self.model.check_run(self.trainer.callbacks, self.datamodule, self.trainer.max_epochs)
         saved = saved_checkpoint(self.config[self.subcommand].get("ckpt_path"))
         check_same_classes(saved.get("hyper_parameters", {}).get("class_names"), self.datamodule.class_names)
+        check_same_architecture(saved, self.model)
         if self.subcommand == "fit" and (states := saved.get("optimizer_states")):
             check_same_optimizer_layout(len(states[0]["param_groups"]), len(self.model.parameter_groups()))
         if self.subcommand == "fit" and self.trainer.limit_val_batches == 0:

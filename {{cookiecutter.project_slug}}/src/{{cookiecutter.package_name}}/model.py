@@ -487,6 +487,22 @@ def check_same_optimizer_layout(saved_groups: int | None, groups: int) -> None:
         )
 
 
+def check_same_architecture(saved: dict, model: L.LightningModule) -> None:
+    """Refuse a checkpoint whose weights do not fit `model` (another backbone, stem or head) in one
+    line, where loading it would list every missing, unexpected and misshapen tensor."""
+    weights, ours = saved.get("state_dict"), model.state_dict()
+    if weights is None:  # shards (FSDP, DeepSpeed), which the strategy checks as it loads them
+        return
+    misfits = sorted(name for name in weights.keys() | ours.keys()
+                     if name not in weights or name not in ours or weights[name].shape != ours[name].shape)  # fmt: skip
+    if misfits:
+        trained = saved.get("hyper_parameters", {}).get("backbone", "another model")
+        raise ConfigError(
+            f"The checkpoint's weights ({trained}) do not fit this model ({model.hparams.backbone}): {len(misfits)} "
+            f"tensors differ, {misfits[0]} first. Use the model options it was trained with (its run's config.yaml)."
+        )
+
+
 def check_same_classes(trained: list[str] | None, given: list[str] | None) -> None:
     """Refuse weights trained on other classes than the data's (or the model's) names, where both are known."""
     if trained and given and list(trained) != list(given):
