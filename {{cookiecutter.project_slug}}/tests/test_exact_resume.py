@@ -74,9 +74,15 @@ def assert_same_training(one: dict, other: dict) -> None:
 
 @pytest.mark.parametrize(
     ("dataset", "workers", "recipe", "step"),
-    [("tiny_shapes", 0, "default", 5), ("tiny_shapes", 2, "strong", 5), ("tiny_shapes", 2, "default", 14)
-{%- if cookiecutter.streaming == "yes" %}, ("shards", 2, "default", 14), ("shards", 0, "strong", 5)
-{%- endif %}],
+    [
+        ("tiny_shapes", 0, "default", 5),
+        ("tiny_shapes", 2, "strong", 5),
+        ("tiny_shapes", 2, "default", 14),
+{%- if cookiecutter.streaming == "yes" %}
+        ("shards", 2, "default", 14),
+        ("shards", 0, "strong", 5),
+{%- endif %}
+    ],
 )
 def test_a_resumed_run_ends_as_the_uninterrupted_one(in_project_copy, request, dataset, workers, recipe, step):
     data = [*on_data(request.getfixturevalue(dataset)), *FORMAT_OF[dataset], f"--data.num_workers={workers}",
