@@ -64,6 +64,9 @@ def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path
         (["--top-k=0"], "--top-k and --batch-size must be 1 or more, got 0 and 64"),
         (["--batch-size=0"], "--top-k and --batch-size must be 1 or more, got 3 and 0"),
         (["--top-k=two"], "argument --top-k: invalid int value: 'two' (python -m"),
+        (["--device=cuda:99"], "--device cuda:99: this machine has"),
+        (["--device=gpu"], "--device gpu: Expected one of"),
+        (["--output=."], "--output . is a folder: name the CSV file to write."),
     ],
 )
 def test_wrong_options_end_in_one_line(monkeypatch, capsys, trained, tiny_shapes, given, expected):

@@ -10,6 +10,7 @@ import yaml
 from conftest import ON_CPU, disk_full_past, on_data, refusal, run_command
 
 from {{ cookiecutter.package_name }}.commands import crossval
+from {{ cookiecutter.package_name }}.errors import ConfigError
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
 
@@ -42,6 +43,16 @@ def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in
     # With other options, the runs kept are not the same experiment.
     message = refusal(monkeypatch, capsys, "repeat", "--seeds=0,1", *options, "--model.lr=0.01")
     assert "cv/seeds2 holds runs trained with other options" in message and "--name" in message
+
+
+def test_a_call_that_trained_nothing_holds_its_folder_for_no_one(tmp_path):
+    folder = tmp_path / "seeds3"
+    crossval.check_same_options(folder, ["--data.augment", "trivial"])  # refused by fit: nothing trained
+    crossval.check_same_options(folder, ["--data.augment", "trivialaugment"])
+    (folder / "seed0").mkdir()
+    (folder / "seed0" / "metrics.json").write_text("{}")
+    with pytest.raises(ConfigError, match="holds runs trained with other options .--data.augment trivialaugment"):
+        crossval.check_same_options(folder, ["--data.augment", "none"])
 
 
 def test_a_run_whose_metrics_a_full_disk_cut_short_is_trained_again(monkeypatch, capsys, tmp_path):

@@ -59,6 +59,7 @@ def test_the_export_matches_pytorch_on_real_images(monkeypatch, capsys, trained,
         (["missing.ckpt"], "CHECKPOINT missing.ckpt: no such file or folder."),
         (["notes.txt"], "notes.txt is not a Lightning checkpoint"),
         (["sharded"], "sharded is a sharded checkpoint: make it one file with `consolidate` first."),
+        (["RUN"], "is a folder but not a sharded checkpoint (FSDP or DeepSpeed)."),
         (["CHECKPOINT", "--images=notes.txt"], "None of notes.txt is a readable image: pass --images with some."),
         (["CHECKPOINT", "--format=tflite"], "argument --format: invalid choice: 'tflite'"),
     ],
@@ -67,7 +68,9 @@ def test_mistakes_end_in_one_line(monkeypatch, capsys, trained, given, expected)
     (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
     (trained / "notes.txt").write_text("not a checkpoint, not an image")
     (trained / "sharded").mkdir()
-    arguments = [str(checkpoint) if arg == "CHECKPOINT" else arg for arg in given]
+    (trained / "sharded" / ".metadata").write_bytes(b"")  # as torch's distributed checkpoint writes
+    paths = {"CHECKPOINT": str(checkpoint), "RUN": str(checkpoint.parent.parent)}
+    arguments = [paths.get(arg, arg) for arg in given]
     capsys.readouterr()  # the training of the `trained` fixture, when it ran in this test
     with pytest.warns(UserWarning, match="notes.txt") if "--images=notes.txt" in given else nullcontext():
         assert expected in refusal(monkeypatch, capsys, "export", *arguments)

@@ -151,6 +151,13 @@ def test_a_bad_search_space_is_refused_in_one_line_naming_the_key(monkeypatch, c
     assert not Path("sweeps").exists()  # refused before any trial
 
 
+@pytest.mark.parametrize("option", ["--prune-after-epochs=-1", "--prune-after-trials=-2", "--stale-after=-5"])
+def test_wrong_pruning_and_staleness_numbers_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, option):
+    message = refusal(monkeypatch, capsys, "sweep", "configs/sweep.yaml", option, *ON_CPU)
+    assert "must be 0 or more, and --stale-after above 0" in message, message
+    assert not Path("sweeps").exists()
+
+
 def test_the_projects_search_space_is_valid(in_project_copy):
     distributions = read_search_space(Path("configs/sweep.yaml"), ON_CPU)
     assert {"model.lr", "data.augment"} <= distributions.keys()

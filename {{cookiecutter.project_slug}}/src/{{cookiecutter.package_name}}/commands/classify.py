@@ -19,7 +19,7 @@ from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingErro
 from ..training.predictions import csv_header, csv_row, top_classes
 from ..training.resume import check_checkpoint
 from ..training.run_folders import best_checkpoint
-from .predictor import Predictor
+from .predictor import Predictor, check_device
 
 
 def image_files(inputs: list[Path]) -> list[Path]:
@@ -63,6 +63,9 @@ def main(args: list[str]) -> int:
     options = parser.parse_args(args)
     if min(options.top_k, options.batch_size) < 1:
         raise ConfigError(f"--top-k and --batch-size must be 1 or more, got {options.top_k} and {options.batch_size}")
+    if options.output.is_dir():
+        raise ConfigError(f"--output {options.output} is a folder: name the CSV file to write.")
+    check_device(options.device)
 
     if options.checkpoint is not None and options.checkpoint.suffix != ".onnx":
         check_checkpoint(str(options.checkpoint), "--checkpoint")

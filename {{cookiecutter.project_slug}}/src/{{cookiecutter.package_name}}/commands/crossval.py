@@ -50,9 +50,11 @@ def planned_runs(folds: int | None, seeds: list[int] | None) -> dict[str, list[s
 
 
 def check_same_options(folder: Path, cli_args: list[str]) -> None:
-    """Runs kept from an earlier call count only when they were trained with the same options."""
+    """Runs kept from an earlier call count only when they were trained with the same options; a call
+    that trained none (refused, or stopped in its first run) holds the folder for no one."""
     kept = folder / "options.json"
-    if kept.is_file() and json.loads(kept.read_text()) != cli_args:
+    trained = any(folder.glob("*/metrics.json"))
+    if trained and kept.is_file() and json.loads(kept.read_text()) != cli_args:
         earlier = " ".join(json.loads(kept.read_text())) or "no options"
         raise ConfigError(f"{folder} holds runs trained with other options ({earlier}): pass --name for a new set")
     folder.mkdir(parents=True, exist_ok=True)

@@ -93,9 +93,9 @@ def main(args: list[str]) -> int:
     options = parser.parse_args(args)
     if options.format == "onnx" and (find_spec("onnx") is None or find_spec("onnxscript") is None):
         raise MissingError('ONNX export needs the onnx and onnxscript packages: pip install -e ".[export]"')
+    check_checkpoint(str(options.checkpoint), "CHECKPOINT")  # a folder passes only if it holds shards
     if options.checkpoint.is_dir():
         raise DataError(f"{options.checkpoint} is a sharded checkpoint: make it one file with `consolidate` first.")
-    check_checkpoint(str(options.checkpoint), "CHECKPOINT")
 
     model = ImageClassifier.load_from_checkpoint(options.checkpoint, map_location="cpu", weights_only=True).eval()
     saved = saved_checkpoint(options.checkpoint)

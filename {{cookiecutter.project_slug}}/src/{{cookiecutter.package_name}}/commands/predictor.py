@@ -33,6 +33,19 @@ class ServedClassifier(nn.Module):
         return self.model(self.preprocessing.normalize(images)).softmax(-1)
 
 
+def check_device(name: str) -> None:
+    """Refuse a device this machine lacks, in one line, before a model is read onto it."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ConfigError(f"--device {name}: {error}") from None
+    gpus = torch.cuda.device_count()  # counted without starting CUDA, which forked servers must not inherit
+    if device.type == "cuda" and (device.index or 0) >= gpus:
+        raise ConfigError(f"--device {name}: this machine has {gpus} CUDA GPU(s). Use --device cpu.")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {name}: this machine has no Apple GPU (MPS). Use --device cpu.")
+
+
 def onnx_session(model: Path, device: str = "cpu"):
     if find_spec("onnxruntime") is None:
         raise ConfigError(f'{model} needs onnxruntime to run: pip install -e ".[export]"')

@@ -35,7 +35,7 @@ from ..training.predictions import top_classes
 from ..training.resume import check_checkpoint
 from ..training.run_folders import best_checkpoint
 from .image_requests import BadImageRequest, Limits, image_bytes, read_body
-from .predictor import Predictor
+from .predictor import Predictor, check_device
 
 try:  # the `serve` extra
     import litserve as ls
@@ -207,11 +207,9 @@ def check_devices(device: str, devices: str) -> int | str:
     """--devices as LitServe takes it, once this machine is known to have them."""
     if devices != "auto" and not (devices.isdigit() and int(devices) >= 1):
         raise ConfigError(f"--devices {devices}: give a number of GPUs, 1 or more, or auto.")
-    gpus = torch.cuda.device_count()  # counts without starting CUDA, which the forked servers must not inherit
-    if device == "cuda" and gpus == 0:
-        raise ConfigError("--device cuda: no CUDA GPU is visible here. Serve with --device cpu, or auto.")
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("--device mps: this machine has no Apple GPU (MPS). Serve with --device cpu, or auto.")
+    if device != "auto":
+        check_device(device)
+    gpus = torch.cuda.device_count()
     if devices.isdigit() and int(devices) > gpus and device in ("cuda", "auto") and gpus:
         raise ConfigError(f"--devices {devices}: this machine has {gpus} GPU(s).")
     return int(devices) if devices.isdigit() else devices

@@ -282,6 +282,11 @@ def main(args: list[str]) -> int:
     options, cli_args = parser.parse_known_args(args)
     if options.trials < 1:
         raise ConfigError(f"--trials must be 1 or more, got {options.trials}")
+    if min(options.prune_after_trials, options.prune_after_epochs) < 0 or options.stale_after <= 0:
+        raise ConfigError(
+            f"--prune-after-trials and --prune-after-epochs must be 0 or more, and --stale-after above 0; got "
+            f"{options.prune_after_trials}, {options.prune_after_epochs} and {options.stale_after:g}"
+        )
     name = options.study or options.space.stem
     folder = SWEEPS / name
     distributions = read_search_space(options.space, cli_args)  # checked once, before any trial or copy starts
