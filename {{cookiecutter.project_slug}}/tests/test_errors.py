@@ -90,11 +90,11 @@ def test_a_misspelt_option_of_a_callback_in_a_config_file_is_named_with_its_spel
     assert message == f"error: {stale}: correct or delete them in the config"
 
 
-@pytest.mark.parametrize("option", [["--config=mine.yaml"], ["-c", "mine.yaml"]])
+@pytest.mark.parametrize("option", [["--config=mine.yaml"], ["-c", "mine.yaml"], ["--config=configs/mine.yaml"]])
 def test_a_yaml_syntax_error_names_the_file_and_line(monkeypatch, capsys, in_project_copy, tiny_shapes, option):
-    (in_project_copy / "mine.yaml").write_text("model:\n  backbone: resnet18\ndata: [1, 2\n")
+    (in_project_copy / option[-1].split("=")[-1]).write_text("model:\n  backbone: resnet18\ndata: [1, 2\n")
     message = refusal(monkeypatch, capsys, *fit(tiny_shapes, *option))
-    assert message.startswith("error: mine.yaml line 4, column 1 is not valid YAML:")
+    assert message.startswith(f"error: {option[-1].split('=')[-1]} line 4, column 1 is not valid YAML:"), message
 
 
 def test_checkpoint_paths_are_checked_before_anything_reads_them(tmp_path):

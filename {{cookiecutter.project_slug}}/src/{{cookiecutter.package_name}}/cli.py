@@ -68,8 +68,10 @@ SAVE_CONFIG = SaveConfigToRun
 {%- else %}
 SAVE_CONFIG = SaveConfigWhole
 {%- endif %}
-# The command line being run.
+# The command line being run, and the folder it started in: jsonargparse reads a config file from
+# inside the file's folder, where the paths on the command line lead nowhere.
 GIVEN: list[str] = []
+STARTED_IN: list[Path] = []
 # Where an error raised while the Trainer is built means that Lightning refuses a setting.
 LIGHTNING_SOURCE = os.path.join(os.path.dirname(lightning.__file__), "")
 # This project's commands beside LightningCLI's fit, validate, test and predict: the module of each in commands/,
@@ -272,7 +274,7 @@ def given_configs() -> list[str]:
 
 def text_of(path: str) -> str:
     try:
-        return Path(path).read_text()
+        return (STARTED_IN[0] / path if STARTED_IN else Path(path)).read_text()
     except (OSError, UnicodeDecodeError):
         return ""
 
@@ -515,6 +517,7 @@ def finish_wandb_run() -> None:
 
 def run_command(command: list[str], args: list[str] | None) -> None:
     GIVEN[:] = command  # for the messages of parse errors, which see no arguments
+    STARTED_IN[:] = [Path.cwd()]
     if command[:1] and command[0] in TOOLS:
         module, _, function = TOOLS[command[0]].partition(":")
         sys.exit(getattr(importlib.import_module(f".commands.{module}", PACKAGE), function or "main")(command[1:]))
