@@ -41,6 +41,9 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--ckpt_path=configs/default.yaml"], "configs/default.yaml is not a Lightning checkpoint"),
         (["--data.batch_size=many"], "error: --data.batch_size: Expected a int. Got value: many"),
         (["--trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches must be 1 or more, got 0"),
+        # Lightning's would replace the model's optimizer setup whole, or be ignored.
+        (["--optimizer=SGD"], "error: --optimizer and --lr_scheduler are not used: the model makes its own"),
+        (["--lr_scheduler=StepLR", "--lr_scheduler.step_size=1"], "error: --optimizer and --lr_scheduler are not"),
         # Lightning's own refusals, in one line.
         (["--trainer.max_epochs=-5"], "error: `max_epochs` must be a non-negative integer or -1. You passed in -5."),
         (["--trainer.strategy=nonsense"], "error: You selected an invalid strategy name: `strategy='nonsense'`"),

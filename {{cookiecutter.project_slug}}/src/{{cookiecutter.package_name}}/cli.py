@@ -340,6 +340,13 @@ class ClassifierCLI(LightningCLI):
         go_offline_unless_reachable()
 {%- endif %}
         config = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
+        if config.get("optimizer") or config.get("lr_scheduler"):
+            # Lightning's would replace the model's parameter groups, warm-up and scaled learning rate
+            # whole, or (a scheduler alone) be ignored. Kept as options, null, for the runs' configs.
+            raise ConfigError(
+                "--optimizer and --lr_scheduler are not used: the model makes its own (AdamW, warm-up then cosine). "
+                "Set model.lr, model.weight_decay or model.warmup_fraction, or change configure_optimizers in model.py"
+            )
         if (accumulate := config.trainer.accumulate_grad_batches) < 1:  # Lightning would divide by it
             raise ConfigError(f"trainer.accumulate_grad_batches must be 1 or more, got {accumulate}")
         check_hardware(config.trainer)
