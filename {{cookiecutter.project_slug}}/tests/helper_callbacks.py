@@ -142,6 +142,17 @@ class SigtermAt(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class CrashAt(L.Callback):
+    """End the run at a training step without saving anything, as a SIGKILL or a power cut does."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            raise SystemError(f"crashed at step {self.step}")
+
+
 class KillWhileSavingLast(L.Callback):
     """SIGKILL this process in the middle of a save of a sharded last.ckpt (torch's distributed
     checkpoint), once its shards are written and before their index is, as SLURM's KILL at the end

@@ -218,12 +218,18 @@ def test_hidden_files_and_symlink_loops_are_not_samples(tmp_path):
     assert len(paths) == 4 and not any("/." in path for path in paths)
 
 
+def trainer_of(processes: int) -> SimpleNamespace:
+    """What the data module reads of the Trainer of rank 0 of `processes`, in the first epoch."""
+    first_epoch = SimpleNamespace(epoch_progress=SimpleNamespace(current=SimpleNamespace(processed=0)))
+    shards = {"num_replicas": processes, "rank": 0}
+    return SimpleNamespace(world_size=processes, num_devices=processes, accelerator=None, global_rank=0,
+                           distributed_sampler_kwargs=shards, fit_loop=first_epoch)  # fmt: skip
+
+
 def test_every_process_keeps_a_full_batch(tiny_shapes):
     data = ImageDataModule(tiny_shapes, batch_size=40, num_workers=0)
     data.setup("fit")
-    shards = {"num_replicas": 2, "rank": 0}
-    data.trainer = SimpleNamespace(world_size=2, num_devices=2, accelerator=None, global_rank=0,
-                                   distributed_sampler_kwargs=shards)  # fmt: skip
+    data.trainer = trainer_of(2)
     # 72 images over 2 processes is 36 each: dropping the last short batch would leave none.
     assert data.train_dataloader().drop_last is False
 
@@ -243,9 +249,7 @@ def test_an_epoch_keeps_a_last_batch_of_half_a_batch_or_more(tmp_path, classes, 
     data = ImageDataModule(make_folder(tmp_path, classes), num_workers=0, batch_size=batch_size)
     data.setup("fit")
     assert len(data.train_set) == sum(classes.values()) - 6  # 3 of each class validate
-    shards = {"num_replicas": processes, "rank": 0}
-    data.trainer = SimpleNamespace(world_size=processes, num_devices=processes, accelerator=None, global_rank=0,
-                                   distributed_sampler_kwargs=shards)  # fmt: skip
+    data.trainer = trainer_of(processes)
     assert sum(len(labels) for _, labels in data.train_dataloader()) == trained
 
 

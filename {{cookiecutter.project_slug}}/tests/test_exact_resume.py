@@ -99,6 +99,19 @@ def test_a_resumed_run_ends_as_the_uninterrupted_one(in_project_copy, request, d
     assert_same_training(whole, last_checkpoint(Path("parts")))
 
 
+def test_a_run_resumed_from_the_end_of_an_epoch_ends_as_the_uninterrupted_one(in_project_copy, tiny_shapes):
+    # Killed in its second epoch, it goes on from the last.ckpt of the first, with the default workers.
+    data = [*on_data(tiny_shapes), "--data.num_workers=2"]
+    fit(*data, *logged_to("whole"))
+    crash = json.dumps({"class_path": "helper_callbacks.CrashAt", "init_args": {"step": 13}})
+    with pytest.raises(SystemError, match="crashed at step 13"):
+        fit(*data, *logged_to("parts"), f"--trainer.callbacks+={crash}")
+    (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
+    assert torch.load(interrupted, weights_only=True)["global_step"] == 9, "the end of the first epoch"
+    fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
+    assert_same_training(last_checkpoint(Path("whole")), last_checkpoint(Path("parts")))
+
+
 def start_fit(groups, project: Path, *options: str) -> subprocess.Popen:
     """A fit with the project's own configuration: its default logger, augmentation and 2 workers."""
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *ON_CPU, *TWO_EPOCHS,

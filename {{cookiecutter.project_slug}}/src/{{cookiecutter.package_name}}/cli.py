@@ -409,7 +409,8 @@ class ClassifierCLI(LightningCLI):
 
     def check_run(self) -> None:
         # As the model's setup and checkpoint loading do, but before the trainer starts its loggers (W&B's lines).
-        self.model.check_run(self.trainer.callbacks, self.datamodule, self.trainer.max_epochs)
+        max_epochs = self.trainer.max_epochs if self.subcommand == "fit" else None  # what evaluations skip
+        self.model.check_run(self.trainer.callbacks, self.datamodule, max_epochs)
         saved = saved_checkpoint(self.config[self.subcommand].get("ckpt_path"))
         check_same_classes(saved.get("hyper_parameters", {}).get("class_names"), self.datamodule.class_names)
         check_same_architecture(saved, self.model)

@@ -183,6 +183,7 @@ class ImageDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self._class_names: list[str] | None = None
         self._epoch_position: dict | None = None  # where a resumed run's interrupted epoch goes on
+        self._resumed_epoch: int | None = None  # the epoch a resumed run trains first
         self.train_set = self.val_set = self.test_set = None
         self.predicted_split: str | None = None  # "test", or "val" without a test split
 
@@ -279,6 +280,13 @@ class ImageDataModule(L.LightningDataModule):
             # from the seed and the epoch, so a resumed run sees the images in the order an
             # uninterrupted one would (a plain shuffle draws from the process's random state).
             sampler = EpochSampler(self.train_set, **(shards or {"num_replicas": 1, "rank": 0}), seed=seed)
+        # Lightning gives the sampler its epoch only after making the loader's first iterator, which
+        # data workers draw from at once, and on a resumed run before restoring its loop's epoch: that
+        # run's first epoch would take epoch 0's order.
+        epoch, self._resumed_epoch = self._resumed_epoch, None
+        if epoch is None and self.trainer is not None:
+            epoch = self.trainer.fit_loop.epoch_progress.current.processed
+        sampler.set_epoch(epoch or 0)
         if position is not None:
             saved = {"processes": position["processes"], "batch_size": position["batch_size"]}
             if changed := changed_settings(saved, {"processes": sampler.num_replicas, "batch_size": self.batch_size}):
@@ -350,6 +358,8 @@ class ImageDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         # Saved in every checkpoint, so the label order and the preprocessing travel with the weights.
         state = {"class_names": self.class_names, "preprocessing": self.preprocessing.as_dict()}
+        if self.trainer is not None:  # the epoch the loop gives the sampler next
+            state["sampler_epoch"] = self.trainer.fit_loop.epoch_progress.current.processed
         if (position := self._position_in_epoch()) is not None:
             state["epoch_position"] = position
         return state
@@ -373,6 +383,7 @@ class ImageDataModule(L.LightningDataModule):
             )
         # The weights were trained on images prepared one way: evaluating or resuming them on
         # images prepared another way would be measuring or training something else.
+        self._resumed_epoch = state_dict.get("sampler_epoch")
         position = state_dict.get("epoch_position")
         self._epoch_position = position if position and position["format"] == self.data_format else None
         trained = saved_preprocessing(state_dict, self.preprocessing.image_size)

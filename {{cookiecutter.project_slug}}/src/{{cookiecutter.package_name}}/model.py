@@ -493,8 +493,9 @@ def check_same_architecture(saved: dict, model: L.LightningModule) -> None:
     weights, ours = saved.get("state_dict"), model.state_dict()
     if weights is None:  # shards (FSDP, DeepSpeed), which the strategy checks as it loads them
         return
-    misfits = sorted(name for name in weights.keys() | ours.keys()
-                     if name not in weights or name not in ours or weights[name].shape != ours[name].shape)  # fmt: skip
+    # getattr: a module's _extra_state may be any object.
+    misfits = sorted(name for name in weights.keys() | ours.keys() if name not in weights or name not in ours
+                     or getattr(weights[name], "shape", None) != getattr(ours[name], "shape", None))  # fmt: skip
     if misfits:
         trained = saved.get("hyper_parameters", {}).get("backbone", "another model")
         raise ConfigError(

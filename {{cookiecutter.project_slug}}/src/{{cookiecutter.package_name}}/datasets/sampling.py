@@ -53,9 +53,6 @@ class EpochSampler(DistributedSampler):
         self.resume_epoch, self.resume_skip = -1, 0
 
     def resume_at(self, epoch: int, seen: int) -> None:
-        # Lightning gives a resumed run's sampler its epoch only after it made the first iterator,
-        # which data workers start drawing from at once: with epoch 0's order, past the first epoch.
-        self.set_epoch(epoch)
         self.resume_epoch, self.resume_skip = epoch, seen
 
     def epoch_indices(self) -> list[int]:
