@@ -23,6 +23,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # The tests run on CPU whatever hardware the project was generated for.
 ON_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
 
+# A backbone other than the project's, for the tests of a model changed since its checkpoint.
+OTHER_BACKBONE = "{{ 'resnet18' if cookiecutter.backbone == 'mobilenet_v3_small' else 'mobilenet_v3_small' }}"
+
 
 def on_data(data_dir: Path, batch_size: int = 8) -> list[str]:
     """Options for a dataset on disk, read without data workers."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, on_data, refusal, run_cli
+from conftest import ON_CPU, OTHER_BACKBONE, on_data, refusal, run_cli
 
 from {{ cookiecutter.package_name }}.cli import condensed, main
 from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
@@ -146,8 +146,8 @@ def test_a_resume_of_another_backbone_is_refused_in_one_line(monkeypatch, capsys
     config.unlink()  # without it, the options a resume changes are not compared: the weights must be
     capsys.readouterr()  # the training run's lines
     options = [*ON_CPU, *on_data(tiny_shapes), "--ckpt_path=last", "--trainer.max_epochs=2"]
-    message = refusal(monkeypatch, capsys, "fit", *options, "--model.backbone=mobilenet_v3_small")
-    assert "weights (resnet18) do not fit this model (mobilenet_v3_small)" in message, message
+    message = refusal(monkeypatch, capsys, "fit", *options, f"--model.backbone={OTHER_BACKBONE}")
+    assert f"weights ({{ cookiecutter.backbone }}) do not fit this model ({OTHER_BACKBONE})" in message, message
 
 
 def test_the_traceback_is_there_when_asked_for(monkeypatch, in_project_copy, tiny_shapes):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, command_env, disk_full_past, on_data, refusal, run_cli, run_command
+from conftest import ON_CPU, OTHER_BACKBONE, command_env, disk_full_past, on_data, refusal, run_cli, run_command
 from jsonargparse import Namespace
 
 from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
@@ -197,9 +197,9 @@ def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in
 
 
 def test_an_evaluation_takes_the_model_of_its_checkpoint_not_a_backbone_changed_since(trained, tiny_shapes):
-    # As with --ckpt_path given: the run's resnet18 is built and evaluated, where its weights would not fit.
+    # As with --ckpt_path given: the run's backbone is built and evaluated, where its weights would not fit.
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "validate", *ON_CPU, *on_data(tiny_shapes),
-               "--model.backbone=mobilenet_v3_small"]  # fmt: skip
+               f"--model.backbone={OTHER_BACKBONE}"]  # fmt: skip
     done = subprocess.run(command, cwd=trained, env=command_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "--ckpt_path best (the default): evaluating runs/" in done.stderr
