@@ -309,7 +309,7 @@ class ImageDataModule(L.LightningDataModule):
 
     @property
     def _has_test_split(self) -> bool:
-        return (self.data_dir / "test").is_dir() or (self.hparams.synthetic and not self.data_dir.exists())
+        return has_test_folder(self.data_dir) or (self.hparams.synthetic and not self.data_dir.exists())
 
     @property
     def _where_test_goes(self) -> str:
@@ -624,9 +624,14 @@ def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split
     return with_test_split(splits, data_dir, classes)
 
 
+def has_test_folder(data_dir: Path) -> bool:
+    """A test split is a test/ folder of class folders: never carved from the training images."""
+    return (data_dir / "test").is_dir()
+
+
 def with_test_split(splits: dict[str, list], data_dir: Path, classes: list[str]) -> dict[str, list]:
     """`splits` and, when there is a test/ folder, its images as the test split, whatever split the rest."""
-    if (data_dir / "test").is_dir():
+    if has_test_folder(data_dir):
         splits["test"] = find_images(data_dir / "test", classes)
     return splits
 

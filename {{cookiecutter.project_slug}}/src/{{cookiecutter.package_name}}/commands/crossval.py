@@ -22,6 +22,8 @@ from ..training.checkpoint_io import write_whole
 from .experiment_runs import fit_in_folder, run_per_gpu, visible_gpus, without_option, worker_part
 
 CV = Path("cv")
+# Written whole once a run has trained: its presence is what marks the run done.
+METRICS = "metrics.json"
 
 
 def seed_list(text: str) -> list[int]:
@@ -53,7 +55,7 @@ def check_same_options(folder: Path, cli_args: list[str]) -> None:
     """Runs kept from an earlier call count only when they were trained with the same options; a call
     that trained none (refused, or stopped in its first run) holds the folder for no one."""
     kept = folder / "options.json"
-    trained = any(folder.glob("*/metrics.json"))
+    trained = any(folder.glob(f"*/{METRICS}"))
     if trained and kept.is_file() and json.loads(kept.read_text()) != cli_args:
         earlier = " ".join(json.loads(kept.read_text())) or "no options"
         raise ConfigError(f"{folder} holds runs trained with other options ({earlier}): pass --name for a new set")
@@ -64,13 +66,12 @@ def check_same_options(folder: Path, cli_args: list[str]) -> None:
 def train_runs(runs: dict[str, list[str]], cli_args: list[str], folder: Path) -> None:
     index, copies = worker_part()
     for name, options in list(runs.items())[index::copies]:
-        kept = folder / name / "metrics.json"
+        kept = folder / name / METRICS
         if kept.is_file():
             print(f"{name}: kept from an earlier call ({kept})", flush=True)
             continue
         print(f"{name}: {' '.join(options)}", flush=True)
         metrics = fit_in_folder([*cli_args, *options], folder / name)
-        # Whole or not at all: its presence tells the next call that this run is done.
         write_whole(kept, json.dumps(metrics, indent=1))
 
 
@@ -80,8 +81,8 @@ def spread(values: list[float]) -> tuple[float, float]:
 
 
 def summarise(runs: list[str], folder: Path) -> int:
-    results = {name: json.loads((folder / name / "metrics.json").read_text()) for name in runs
-               if (folder / name / "metrics.json").is_file()}  # fmt: skip
+    results = {name: json.loads((folder / name / METRICS).read_text()) for name in runs
+               if (folder / name / METRICS).is_file()}  # fmt: skip
     missing = [name for name in runs if name not in results]
     if missing:
         print(f"Not trained yet: {', '.join(missing)}; run the same command again to train them.")

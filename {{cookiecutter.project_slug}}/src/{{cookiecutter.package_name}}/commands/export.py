@@ -19,7 +19,7 @@ from ..data import checkpoint_preprocessing
 from ..datasets.images import labelled_image
 from ..errors import PACKAGE, CommandParser, DataError, MissingError
 from ..model import ImageClassifier
-from ..training.resume import check_checkpoint, saved_checkpoint
+from ..training.resume import check_checkpoint, refuse_sharded, saved_checkpoint
 from ..transforms import Preprocessing
 from .classify import image_files
 from .predictor import ONNX_PREPROCESSING_KEY, ServedClassifier
@@ -94,8 +94,7 @@ def main(args: list[str]) -> int:
     if options.format == "onnx" and (find_spec("onnx") is None or find_spec("onnxscript") is None):
         raise MissingError('ONNX export needs the onnx and onnxscript packages: pip install -e ".[export]"')
     check_checkpoint(str(options.checkpoint), "CHECKPOINT")  # a folder passes only if it holds shards
-    if options.checkpoint.is_dir():
-        raise DataError(f"{options.checkpoint} is a sharded checkpoint: make it one file with `consolidate` first.")
+    refuse_sharded(options.checkpoint)
 
     model = ImageClassifier.load_from_checkpoint(options.checkpoint, map_location="cpu", weights_only=True).eval()
     saved = saved_checkpoint(options.checkpoint)

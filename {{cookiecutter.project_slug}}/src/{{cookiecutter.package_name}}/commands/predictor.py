@@ -14,7 +14,7 @@ from ..data import checkpoint_preprocessing
 from ..datasets.images import read_rgb
 from ..errors import ConfigError, DataError, MissingError
 from ..model import ImageClassifier
-from ..training.resume import saved_checkpoint
+from ..training.resume import refuse_sharded, saved_checkpoint
 from ..transforms import Preprocessing
 
 # The ONNX metadata key of the preprocessing settings, as Preprocessing.as_dict gives them.
@@ -69,8 +69,7 @@ class Predictor:
     cheap to describe and costly to hold: `load` reads them, where the predicting happens."""
 
     def __init__(self, model: Path) -> None:
-        if model.is_dir():
-            raise DataError(f"{model} is a sharded checkpoint: make it one file with `consolidate` first.")
+        refuse_sharded(model)
         if not model.is_file():
             raise MissingError(f"{model} is not a file: pass a checkpoint (.ckpt) or an ONNX export (.onnx).")
         self.model = model

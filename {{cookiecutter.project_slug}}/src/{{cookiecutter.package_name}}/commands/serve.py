@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from starlette.concurrency import run_in_threadpool
 
+from ..datasets.images import DECODE_ERRORS
 from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training import sigterm
 from ..training.predictions import top_classes
@@ -59,7 +60,7 @@ async def prepared_image(request: Request) -> np.ndarray:
         image = await run_in_threadpool(predictor.prepare, data)
     except BadImageRequest as error:
         raise HTTPException(error.status, str(error)) from None
-    except (RuntimeError, OSError, ValueError) as error:  # what read_rgb raises for a damaged image
+    except DECODE_ERRORS as error:
         raise HTTPException(400, f"The image cannot be decoded: {error}.") from None
     # An array, not a tensor: torch would share a tensor through shared memory across the queues.
     return image.numpy()

@@ -16,6 +16,9 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from ..errors import DataError
 from .sampling import seeded_draws
 
+# What the decoders raise for a damaged or unsupported image file.
+DECODE_ERRORS = (RuntimeError, OSError, ValueError)
+
 
 class UnreadableImageError(DataError):
     """An image file that cannot be decoded, named in the message."""
@@ -52,7 +55,7 @@ def labelled_image(
     warning naming it when `skip_unreadable`, else an error naming it."""
     try:
         image = read_rgb(source)
-    except (RuntimeError, OSError, ValueError) as error:  # what the decoders raise for a bad file
+    except DECODE_ERRORS as error:
         if not skip_unreadable:
             raise UnreadableImageError(
                 f"Cannot read the image {name} ({error}): remove or replace it, or set data.bad_images to skip."

@@ -10,9 +10,14 @@ import torch.distributed as dist
 from .reports import report_folder
 
 
+def shown_classes(top_k: int, class_count: int) -> int:
+    """How many classes a row shows: `top_k`, or every class where there are fewer."""
+    return min(top_k, class_count)
+
+
 def csv_header(top_k: int, class_count: int) -> list[str]:
-    """The columns of rows of the `top_k` classes, or of every class where there are fewer."""
-    shown = min(top_k, class_count)
+    """The columns of rows of the `top_k` classes."""
+    shown = shown_classes(top_k, class_count)
     return ["path", *(column for k in range(1, shown + 1) for column in (f"class_{k}", f"probability_{k}"))]
 
 
@@ -22,7 +27,7 @@ def csv_row(path: str | Path, top: list[tuple[str, float]]) -> list[str]:
 
 def top_classes(probabilities: torch.Tensor, names: list[str], top_k: int) -> list[list[tuple[str, float]]]:
     """For each row of class probabilities, its `top_k` (class name, probability), best first."""
-    top = probabilities.topk(min(top_k, probabilities.shape[1]), dim=-1)
+    top = probabilities.topk(shown_classes(top_k, probabilities.shape[1]), dim=-1)
     return [
         [(names[index], value) for index, value in zip(indices, values, strict=True)]
         for values, indices in zip(top.values.tolist(), top.indices.tolist(), strict=True)

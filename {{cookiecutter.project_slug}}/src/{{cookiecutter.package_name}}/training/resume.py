@@ -217,6 +217,12 @@ def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None
         )
 
 
+def refuse_sharded(path: Path) -> None:
+    """Tools that load the model alone need it in one file; FSDP and DeepSpeed save a folder of shards."""
+    if path.is_dir():
+        raise DataError(f"{path} is a sharded checkpoint: make it one file with `consolidate` first.")
+
+
 def saved_checkpoint(ckpt_path: str | Path | None) -> dict:
     """A checkpoint file's contents, memory-mapped (no weights read); empty without a file."""
     if ckpt_path is None or not Path(ckpt_path).is_file():
