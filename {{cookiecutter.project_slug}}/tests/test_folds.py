@@ -1,6 +1,7 @@
 """Stratified folds (data.num_folds, data.fold): each fold validates on its share of every class
 and trains on the rest."""
 
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -49,6 +50,24 @@ def test_a_fold_lists_the_training_images_once(monkeypatch, tiny_shapes):
     data.setup("fit")
     in_train = sorted(folder for folder in walked if folder.parent == tiny_shapes / "train")
     assert in_train == sorted((tiny_shapes / "train").iterdir())
+
+
+def test_a_second_setup_reads_the_folders_again(tmp_path, tiny_shapes):
+    # The CLI reads the folders before its logger starts (check_folders), and setup takes those splits;
+    # a script that sets up again, for its next fold or after adding images, gets the folders as they are.
+    tiny_shapes = Path(shutil.copytree(tiny_shapes, tmp_path / "shapes"))
+    data = ImageDataModule(tiny_shapes, num_folds=3, fold=0, num_workers=0)
+    data.check_folders()
+    data.setup("fit")
+    data.hparams.fold = 1
+    data.setup("fit")
+    other = ImageDataModule(tiny_shapes, num_folds=3, fold=1, num_workers=0)
+    other.setup("fit")
+    assert data.val_set.samples == other.val_set.samples
+    added = tiny_shapes / "train" / data.class_names[0] / "added.png"
+    added.write_bytes(next((tiny_shapes / "train" / data.class_names[0]).iterdir()).read_bytes())
+    data.setup("fit")
+    assert str(added) in {str(path) for path, _ in data.train_set.samples + data.val_set.samples}
 
 
 @pytest.mark.parametrize(

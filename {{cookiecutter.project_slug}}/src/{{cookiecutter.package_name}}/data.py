@@ -185,6 +185,7 @@ class ImageDataModule(L.LightningDataModule):
         self._epoch_position: dict | None = None  # where a resumed run's interrupted epoch goes on
         self._resumed_epoch: int | None = None  # the epoch a resumed run trains first
         self.train_set = self.val_set = self.test_set = None
+        self._splits_checked = False
         self.predicted_split: str | None = None  # "test", or "val" without a test split
 
     def _check_source(self) -> None:
@@ -218,8 +219,11 @@ class ImageDataModule(L.LightningDataModule):
             )
 
     def setup(self, stage: str) -> None:
-        if self.train_set is None:  # unless check_folders has made them
+        # The splits check_folders made serve the setup that follows; a later one (a notebook's second
+        # fit, a script's next fold) reads the folders again.
+        if not self._splits_checked:
             self._make_splits()
+        self._splits_checked = False
         if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), self.class_names)):
             rank_zero_warn(warning)
 
@@ -228,15 +232,15 @@ class ImageDataModule(L.LightningDataModule):
         in them (an empty class folder, too few images to split) leaves no run behind."""
         if self.data_dir.exists():  # the built-in shapes are drawn later, by prepare_data
             self._make_splits()
+            self._splits_checked = True
 
     def _make_splits(self) -> None:
         options, classes = self.hparams, self.class_names
+        pool, self._fold_pool = self._fold_pool, None  # listed on construction, for the first splits only
         if options.num_folds is None:
             splits = split_samples(self.data_dir, classes, options.val_fraction, options.split_seed)
         else:
-            splits = fold_samples(
-                self.data_dir, classes, options.num_folds, options.fold, options.split_seed, self._fold_pool
-            )
+            splits = fold_samples(self.data_dir, classes, options.num_folds, options.fold, options.split_seed, pool)
         # Each split gets its own dataset object and transform, so augmentation never leaks into
         # validation (the bug of setting a transform on a dataset that two Subsets share).
         skip = self.hparams.bad_images == "skip"
