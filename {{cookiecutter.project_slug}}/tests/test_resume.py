@@ -12,7 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, OTHER_BACKBONE, command_env, disk_full_past, on_data, refusal, run_cli, run_command
+from conftest import (
+    ON_CPU,
+    OTHER_BACKBONE,
+    command_env,
+    disk_full_past,
+    kill_group,
+    on_data,
+    refusal,
+    run_cli,
+    run_command,
+)
 from jsonargparse import Namespace
 
 from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
@@ -65,6 +75,34 @@ def start_paused_fit(groups, project: Path, data_dir: Path, step: int) -> subpro
 def finish_with_auto_resume(groups, project: Path, data_dir: Path) -> None:
     resumed = start_fit(groups, project, *data(data_dir), *TWO_EPOCHS, "--ckpt_path=auto")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-3000:]
+
+
+def test_a_run_in_use_is_refused_to_a_second_writer_until_its_process_ends(
+    monkeypatch, capsys, in_project_copy, tiny_shapes, groups
+):
+    # A `test` or a resume beside a running fit would write into its metrics.csv (rows under other
+    # columns) and its W&B run. With the default logger, as a user runs them from a second terminal.
+    marker = in_project_copy / "paused"
+    pause = json.dumps({"class_path": "helper_callbacks.PauseAt", "init_args": {"step": 10, "marker": str(marker)}})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *ON_CPU, *on_data(tiny_shapes),
+               "--trainer.limit_val_batches=1", f"--trainer.callbacks+={pause}"]  # fmt: skip
+    fit = groups(command, cwd=in_project_copy, env=command_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not marker.exists():  # past epoch 0, whose checkpoints are written
+        assert fit.poll() is None and time.monotonic() < deadline, fit.stderr.read().decode()[-3000:]
+        time.sleep(0.05)
+    (run,) = (last.parent.parent for last in in_project_copy.glob("runs/*/*/checkpoints/last.ckpt"))
+    capsys.readouterr()
+    loggers_runs = sorted(in_project_copy.glob("runs/*/*"))
+    for second in (["test"], ["fit", "--ckpt_path=auto"]):
+        message = refusal(monkeypatch, capsys, *second, *ON_CPU, *on_data(tiny_shapes))
+        assert message.startswith(f"error: {run.resolve()} is in use by process {fit.pid} (fit, since "), message
+    assert sorted(in_project_copy.glob("runs/*/*")) == loggers_runs, "no W&B run started"
+    assert not (run / "config_test.yaml").exists()
+
+    kill_group(fit)  # the lock goes with its process, however it ends
+    run_cli(monkeypatch, "test", *ON_CPU, *on_data(tiny_shapes))
+    assert (run / "config_test.yaml").is_file()
 
 
 def test_last_trains_a_finished_run_further_in_its_own_folder(monkeypatch, in_project_copy, tiny_shapes):

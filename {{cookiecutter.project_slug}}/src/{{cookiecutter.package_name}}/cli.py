@@ -29,7 +29,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from .data import ImageDataModule, TooFewClassesError
@@ -47,12 +47,14 @@ from .training.resume import (
     SaveConfigWhole,
 {%- endif %}
     check_checkpoint,
+    chosen_runs,
     first_logger,
     resolve_resume,
     resumed_config_name,
+    run_root,
     saved_checkpoint,
 )
-from .training.run_folders import check_writable
+from .training.run_folders import check_writable, hold_run, release_run
 {%- if cookiecutter.logger == "wandb" %}
 from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -380,6 +382,9 @@ class ClassifierCLI(LightningCLI):
             # The model is the checkpoint's, as Lightning makes it for a --ckpt_path given, also for the
             # one found here: a backbone changed in the configs since is for the next fit.
             self._parse_ckpt_path()
+        logger = first_logger(config.trainer)
+        if rank_zero_only.rank == 0 and logger is not None and (run := chosen_runs(logger)) != run_root(logger):
+            hold_run(run, self.subcommand)  # a run in use is refused before this logger starts
 
     def instantiate_classes(self) -> None:
         try:
@@ -504,6 +509,7 @@ def main(args: list[str] | None = None) -> None:
     silence_dependency_noise()
     try:
         run_command(sys.argv[1:] if args is None else args, args)
+        finish_wandb_run()
     except (UserError, MisconfigurationException) as error:  # Lightning's word for a setting it refuses
         if wants_traceback():
             raise
@@ -511,7 +517,8 @@ def main(args: list[str] | None = None) -> None:
     except SIGTERMException:
         # Lightning ends a SIGTERM'd run with exit status 0; schedulers must not take it for a success.
         sys.exit(128 + signal.SIGTERM)
-    finish_wandb_run()
+    finally:
+        release_run()  # a notebook's or a test's process goes on; other commands may write into the run
 
 
 def finish_wandb_run() -> None:

@@ -20,12 +20,13 @@ import torch
 import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..errors import PACKAGE, ConfigError, DataError, MissingError
 from ..hardware.network import is_remote
 from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
-from .run_folders import best_checkpoint, finished, last_checkpoints
+from .run_folders import best_checkpoint, finished, hold_run, last_checkpoints
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
 HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method"
@@ -127,7 +128,8 @@ def resumed_config_name() -> str:
 class SaveConfigWhole(SaveConfigCallback):
     """LightningCLI's saving of a run's config, written whole: a resume reads the newest one back to
     compare options, and Lightning writes it in place (a kill while it wrote left half a file). It
-    always overwrites: a resume's config has a name of its own."""
+    always overwrites: a resume's config has a name of its own. It also holds the run for this process
+    (hold_run), once the logger has made its folder."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.already_saved:
@@ -138,7 +140,7 @@ class SaveConfigWhole(SaveConfigCallback):
             return
         if trainer.is_global_zero:
             folder = self.run_folder(trainer, folder)
-            folder.mkdir(parents=True, exist_ok=True)
+            hold_run(folder, TrainerFn(stage).value)
             write_whole(folder / self.config_filename, self.parser.dump(self.config, skip_unset=False))
             self.save_config(trainer, pl_module, stage)
         self.already_saved = True

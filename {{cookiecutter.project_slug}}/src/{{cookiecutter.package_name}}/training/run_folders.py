@@ -10,6 +10,7 @@ early stopping) leaves checkpoints/finished.json; an interrupted one (SIGTERM, a
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -18,6 +19,21 @@ from ..errors import ConfigError, MissingError
 from .checkpoint_io import complete_replace, write_whole
 
 FINISHED = "finished.json"
+IN_USE = ".in_use"  # locked by the process writing into the run; names it
+
+if os.name == "nt":
+    import msvcrt
+
+    def _try_lock(fd: int) -> None:
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+else:
+    import fcntl
+
+    def _try_lock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+_held: dict[Path, int] = {}
 
 
 def last_checkpoints(root: Path) -> list[Path]:
@@ -55,6 +71,42 @@ def check_writable(folder: Path, option: str) -> None:
         raise ConfigError(
             f"Cannot write the runs into {folder} ({existing} {reason}): point {option} at a folder you can write."
         )
+
+
+def hold_run(run: Path, command: str) -> None:
+    """Hold `run` for this process, or refuse in one line if another process holds it. Two writing into
+    one run (a `test` beside its fit, two resumes) would mix metrics.csv's rows under different columns
+    and W&B's steps. The OS lock goes with the process however it ends: never stale. One process writes
+    one run at a time (cv and sweep train theirs in turn), so holding one lets go of the one before."""
+    run = run.resolve()
+    if run in _held:
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run / IN_USE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        _try_lock(fd)
+    except OSError:
+        try:
+            holder = os.read(fd, 200).decode(errors="replace").strip()
+        except OSError:  # Windows' locks keep out readers too
+            holder = ""
+        os.close(fd)
+        raise ConfigError(
+            f"{run} is in use by {holder or 'another process'}: wait until it ends. To evaluate one of its "
+            "checkpoints meanwhile, copy the file out of the runs folder and pass --ckpt_path <copy>: "
+            "it is logged as a run of its own."
+        ) from None
+    release_run()
+    os.ftruncate(fd, 0)
+    os.write(fd, f"process {os.getpid()} ({command}, since {time.strftime('%H:%M:%S')})".encode())
+    _held[run] = fd
+
+
+def release_run() -> None:
+    """Let go of the run this process holds: the command that wrote into it has ended."""
+    for fd in _held.values():
+        os.close(fd)
+    _held.clear()
 
 
 def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:
