@@ -97,6 +97,14 @@ def test_too_many_devices_fall_back_to_the_gpus_there_are():
     assert ran == Settings("gpu", "1", "DDPStrategy", "16-mixed") and why == "devices 4, but 1 CUDA GPU(s) are visible"
 
 
+def test_the_cpu_preset_trains_in_float32_on_a_cpu_that_computes_bfloat16(monkeypatch):
+    # As the precision prompt promises ("CPUs train in 32-true, faster there"), whatever the answer.
+    monkeypatch.setattr(checks, "machine_facts", lambda: MACHINES["cpu only"] | {"cpu_bf16": True})
+    trainer = yaml.safe_load((PROJECT_ROOT / "configs/trainer/cpu.yaml").read_text())["trainer"]
+    checks.settle_precision(trainer)
+    assert trainer["precision"] == "32-true"
+
+
 @pytest.mark.parametrize(
     ("machine_name", "accelerator", "cpu_bf16", "trained_in"),
     [
