@@ -234,4 +234,17 @@ def test_the_backbone_learning_rate_is_a_share_of_the_heads(in_project_copy, tin
 
 def test_a_data_module_alone_warns_of_no_imbalance_in_balanced_data(tiny_shapes, recwarn):
     ImageDataModule(tiny_shapes, num_workers=0).setup("fit")
-    assert not [warning for warning in recwarn if "imbalance" in str(warning.message)]
+    warned = [str(warning.message) for warning in recwarn]
+    assert not [message for message in warned if "imbalance" in message or "hold none" in message]
+
+
+@pytest.mark.parametrize("split_by", ["a val/ folder without the class", "a split of a class of one image"])
+def test_a_class_the_validation_images_lack_is_named(tmp_path, split_by):
+    # val/acc, which picks the best checkpoint, and val/f1 would be silent about it.
+    counts = {"circle": 6, "square": 6, "star": 1 if split_by.startswith("a split") else 6}
+    folder = uneven_folder(tmp_path / "data" / "train", counts).parent
+    if split_by.startswith("a val/"):
+        uneven_folder(folder / "val", {"circle": 2, "square": 2})
+    for stage in ("fit", "validate"):
+        with pytest.warns(UserWarning, match="The validation images hold none of star: val/acc and the checkpoints"):
+            ImageDataModule(folder, num_workers=0).setup(stage)

@@ -27,6 +27,7 @@ from .datasets.sampling import (
     epoch_restarts,
     imbalance_warning,
     run_seed,
+    unvalidated_warning,
 )
 from .errors import ConfigError, DataError, MissingError
 from .hardware.sharding import shards_weights
@@ -226,6 +227,9 @@ class ImageDataModule(L.LightningDataModule):
         self._splits_checked = False
         if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), self.class_names)):
             rank_zero_warn(warning)
+        unvalidated = unvalidated_warning(self.class_counts("val"), self.class_names)
+        if stage in ("fit", "validate") and unvalidated:
+            rank_zero_warn(unvalidated)
 
     def check_folders(self) -> None:
         """Read the split folders now, before a logger starts a run (a W&B run online), so that a mistake
@@ -251,7 +255,12 @@ class ImageDataModule(L.LightningDataModule):
 
     def train_class_counts(self) -> list[int]:
         """The training images of each class, in label order."""
-        return torch.bincount(torch.tensor(self._train_labels()), minlength=self.num_classes).tolist()
+        return self.class_counts("train")
+
+    def class_counts(self, split: str) -> list[int]:
+        """The images of each class in a split (train, val or test), in label order."""
+        labels = torch.tensor([label for _, label in getattr(self, f"{split}_set").samples], dtype=torch.long)
+        return torch.bincount(labels, minlength=self.num_classes).tolist()
 
     def _train_labels(self) -> list[int]:
         return [label for _, label in self.train_set.samples]
@@ -497,8 +506,8 @@ class StreamingDataModule(ImageDataModule):
     def _named_split(self, name: str) -> Dataset:
         return self._split(name, self.preprocessing.eval_transform(), shuffle=False, named=True)
 
-    def train_class_counts(self) -> list[int]:
-        return self.manifest["splits"]["train"]["class_counts"]
+    def class_counts(self, split: str) -> list[int]:
+        return self.manifest["splits"][split]["class_counts"]
 
     def train_dataloader(self) -> DataLoader:
         from .datasets.streaming import resume_position

@@ -97,6 +97,19 @@ def imbalance_warning(counts: list[int], names: list[str]) -> str | None:
     )
 
 
+def unvalidated_warning(counts: list[int], names: list[str]) -> str | None:
+    """A line naming the classes that the validation images hold none of: val/ metrics say nothing of them."""
+    missing = [name for count, name in zip(counts, names, strict=True) if count == 0]
+    if not missing:
+        return None
+    listed = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+    return (
+        f"The validation images hold none of {listed}: val/acc and the checkpoints chosen by it say nothing of "
+        f"{'it' if len(missing) == 1 else 'them'}, and val/f1 averages over the other classes. Add some to val/ "
+        "(without val/, to train/: the split holds out data.val_fraction of each class with two images or more)."
+    )
+
+
 def changed_settings(saved: dict, now: dict) -> str:
     """The settings that differ, as "name saved -> now", comma-separated ("" when none do)."""
     return ", ".join(f"{key} {saved[key]} -> {now[key]}" for key in now if saved.get(key) != now[key])
