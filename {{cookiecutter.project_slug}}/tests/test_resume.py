@@ -121,13 +121,17 @@ def test_last_trains_a_finished_run_further_in_its_own_folder(monkeypatch, in_pr
     assert "max_epochs: 2" in resumed_config.read_text()
 
 
-def test_last_on_a_finished_run_says_how_to_train_longer(monkeypatch, caplog, in_project_copy, tiny_shapes):
+def test_last_on_a_finished_run_says_how_to_train_longer_and_touches_nothing(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
     one_epoch = ["--trainer.limit_val_batches=1", "--trainer.limit_train_batches=2", "--trainer.max_epochs=1"]
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch)
     (run,) = run_folders(in_project_copy)
-    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch, "--ckpt_path=last")
-    assert "already reached max_epochs=1" in caplog.text and "--trainer.max_epochs=<more>" in caplog.text
-    assert saved_step(run / "checkpoints" / "last.ckpt") == 2, "nothing more was trained"
+    written = sorted(in_project_copy.glob("runs/**/*"))
+    capsys.readouterr()
+    message = refusal(monkeypatch, capsys, "fit", *TRAINER, *data(tiny_shapes), *one_epoch, "--ckpt_path=last")
+    assert "already reached max_epochs=1" in message and "--trainer.max_epochs=<more>" in message, message
+    assert sorted(in_project_copy.glob("runs/**/*")) == written, "no config_resumed_*.yaml, no logger's files"
 
 
 def test_an_early_stop_is_said_by_its_run_and_not_by_the_run_that_trains_it_further(
@@ -220,12 +224,15 @@ def test_an_evaluation_logs_into_the_run_of_its_checkpoint_at_its_step(monkeypat
     assert (run / "reports" / "confusion_matrix_test.png").is_file()
     with (run / "metrics.csv").open(newline="") as file:
         rows = list(csv.DictReader(file))
-    # The test numbers sit at the evaluated checkpoint's step and epoch; last.ckpt's are 6 and 1.
+    # The test numbers sit at the evaluated checkpoint's epoch, and at the step where the fit logged
+    # its validation of the same weights (the index of the last step before it).
     tested, again = [row for row in rows if row.get("test/acc")]
-    assert (int(tested["step"]), int(float(tested["epoch"]))) == (saved["global_step"], saved["epoch"])
+    assert (int(tested["step"]), int(float(tested["epoch"]))) == (saved["global_step"] - 1, saved["epoch"])
     assert again == tested
-    validated = [row for row in rows if row.get("val/acc")][-1]
-    assert (int(validated["step"]), int(float(validated["epoch"]))) == (6, 1)
+    *fit_validations, validated = [row for row in rows if row.get("val/acc")]
+    same_weights = fit_validations[-1]  # the fit's validation of last.ckpt's weights, after 6 steps
+    assert (validated["step"], validated["epoch"]) == (same_weights["step"], same_weights["epoch"]) == ("5", "1")
+    assert validated["val/acc"] == same_weights["val/acc"]
 
 
 def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in_project_copy, tiny_shapes):

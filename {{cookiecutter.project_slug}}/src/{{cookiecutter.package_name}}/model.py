@@ -194,12 +194,14 @@ class ImageClassifier(L.LightningModule):
         return None if self.trainer.state.fn == TrainerFn.FITTING else self.trained_until
 
     def _log_at_checkpoint(self) -> None:
-        """An evaluation of a checkpoint logs at the checkpoint's step and epoch (Lightning takes a
+        """An evaluation of a checkpoint logs at the checkpoint's epoch and step (Lightning takes a
         logged "step" for the loggers' step), so its numbers sit at the end of the curves of the run
-        it evaluates, not at step 0."""
+        it evaluates, not at step 0: where the run's own validation of those weights sits, at the
+        index of the last step taken (a fit logs it before counting that step)."""
         if position := self._evaluated_checkpoint():
+            at = {"epoch": position["epoch"], "step": max(position["step"] - 1, 0)}
             # The same on every process: synced only so that Lightning need not warn that it is not.
-            self.log_dict({name: float(value) for name, value in position.items()}, sync_dist=True)
+            self.log_dict({name: float(value) for name, value in at.items()}, sync_dist=True)
 
     def _epoch(self) -> int:
         """The epoch of the weights being evaluated: the current one in fit, else the checkpoint's."""

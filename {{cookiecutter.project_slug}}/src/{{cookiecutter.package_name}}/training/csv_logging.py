@@ -12,7 +12,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 
 class AppendingExperimentWriter(ExperimentWriter):
-    """Append to an existing metrics.csv, keeping its columns, instead of deleting it.
+    """Append to an existing metrics.csv, keeping its columns, instead of deleting it; epochs as whole numbers.
 
     Lightning offers no public hook for this: the overridden method and the attributes used here are
     its private ones, which pyproject.toml's bound on lightning keeps to the releases tested."""
@@ -21,6 +21,14 @@ class AppendingExperimentWriter(ExperimentWriter):
         if self._fs.isfile(self.metrics_file_path):
             with self._fs.open(self.metrics_file_path, "r", newline="") as file:
                 self.metrics_keys = next(csv.reader(file), [])
+
+    def log_metrics(self, metrics_dict: dict[str, float], step: int | None = None) -> None:
+        # An evaluation logs its checkpoint's epoch through LightningModule.log, which makes it a float:
+        # written as the fit writes it (1, not 1.0).
+        epoch = metrics_dict.get("epoch")
+        if epoch is not None and float(epoch).is_integer():
+            metrics_dict = metrics_dict | {"epoch": int(epoch)}
+        super().log_metrics(metrics_dict, step)
 
 
 class ResumableCSVLogger(CSVLogger):

@@ -78,11 +78,16 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         if subcommand == "fit" and not config.get(ALLOW_CHANGES):
             check_same_options(config, found[-1].parent.parent, requested)
         if subcommand == "fit" and (reached := limit_reached(found[-1], config.trainer)):
-            # Lightning would end at once with no word on how to go on.
-            rank_zero_info(
+            # Lightning would end at once with no word on how to go on. Asked for by `last`, a mistake
+            # refused before the run's folder and logger are touched; by `auto` (a requeued job whose
+            # run ended before it could say so), the job's work is done.
+            said = (
                 f"That run already reached {reached}, so there is nothing left to train. To train it longer, "
                 f"raise the limit: fit --ckpt_path {requested} --trainer.{reached.split('=')[0]}=<more>."
             )
+            if requested == "last":
+                raise ConfigError(said)
+            rank_zero_info(said)
     elif subcommand == "fit":
         return False  # a checkpoint given by path starts a new run from it (fine-tuning, a copied file)
     run = run_of(config.get("ckpt_path"), logger)
