@@ -14,6 +14,7 @@ from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
 
 MODEL_CHECKPIONT = "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpiont"  # a misspelt class
 EARLY_STOPPING = "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping"
+EMA = "--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.ModelEMA"
 PATIENSE = "error: --trainer.callbacks.patiense: EarlyStopping has no option 'patiense'"
 
 
@@ -57,6 +58,12 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--trainer.logger.save_dri=runs"], "Logger has no option 'save_dri'. Did you mean save_dir?"),
         ([EARLY_STOPPING, "--trainer.callbacks.patiense=3"], f"{PATIENSE}. Did you mean patience?"),
         ([EARLY_STOPPING, "--trainer.callbacks.patience=many"], "error: --trainer.callbacks.patience: Expected a int"),
+        # What a callback's own __init__ refuses (a typo in a config file's mode:), named by its class.
+        (
+            [EARLY_STOPPING, "--trainer.callbacks.monitor=val/acc", "--trainer.callbacks.mode=maxx"],
+            "error: EarlyStopping: `mode` can be min, max, got maxx",
+        ),
+        ([EMA, "--trainer.callbacks.decay=1.5"], "error: ModelEMA decay must be between 0 and 1, got 1.5"),
         # The config's EarlyStopping is not the last callback: its options are the config's to set.
         (["--trainer.callbacks.patience=3"], "no option 'patience': --trainer.callbacks.<option> sets the last one"),
         (["--trainer.logger=lightning.pytorch.loggers.Nope"], "--trainer.logger: lightning.pytorch.loggers.Nope: "),

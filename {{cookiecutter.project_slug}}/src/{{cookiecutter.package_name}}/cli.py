@@ -23,6 +23,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
+import jsonargparse
 import lightning
 import torch
 import yaml
@@ -76,6 +77,7 @@ GIVEN: list[str] = []
 STARTED_IN: list[Path] = []
 # Where an error raised while the Trainer is built means that Lightning refuses a setting.
 LIGHTNING_SOURCE = os.path.join(os.path.dirname(lightning.__file__), "")
+JSONARGPARSE_SOURCE = os.path.join(os.path.dirname(jsonargparse.__file__), "")
 # This project's commands beside LightningCLI's fit, validate, test and predict: the module of each in commands/,
 # whose main(argv) -> int runs it (or module:function). Imported only when its command runs, so
 # `fit` loads none of them.
@@ -398,6 +400,12 @@ class ClassifierCLI(LightningCLI):
                 f"them (its test/ or validation images). For a folder of unlabelled images: "
                 f"python -m {PACKAGE} classify {error.folder} --checkpoint <file.ckpt>"
             ) from error
+        except UserError:
+            raise
+        except ValueError as error:  # jsonargparse's, around what a logger's or callback's own check refused
+            if (refused := refusal_inside(error)) is None:
+                raise
+            raise ConfigError(refused) from error
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         try:
@@ -450,6 +458,22 @@ class ClassifierCLI(LightningCLI):
             if callback.stopping_reason_message and stopped_now and not callback.verbose:
                 reason = callback.stopping_reason_message.removesuffix(" Signaling Trainer to stop.")
                 rank_zero_info(f"Stopped early after epoch {callback.stopped_epoch}: {reason}")
+
+
+def refusal_inside(error: BaseException) -> str | None:
+    """What a logger's or callback's __init__ refused ("ModelCheckpoint: `mode` can be min, max but got
+    maxx"), which jsonargparse wraps in a traceback ending in "Does not validate against any of the
+    Union subtypes"; None for an error of jsonargparse's own."""
+    cause = error.__cause__ or error.__context__
+    while cause is not None:
+        frames = traceback.extract_tb(cause.__traceback__)
+        if frames and not frames[-1].filename.startswith(JSONARGPARSE_SOURCE):
+            inits = [frame for frame in traceback.walk_tb(cause.__traceback__) if frame[0].f_code.co_name == "__init__"]
+            owner = type(inits[-1][0].f_locals.get("self")).__name__ if inits else ""
+            message = one_line(cause)
+            return message if not owner or message.startswith(owner) else f"{owner}: {message}"
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def place_runs(trainer: Namespace) -> None:
