@@ -38,6 +38,14 @@ TRAINER = [
     "--trainer.logger.save_dir=runs",
     "--trainer.logger.name=resume",
 ]
+# The tests' CSV logger, and the project's own logger where that is another (into the same folder).
+LOGGERS = [[]]
+{%- if cookiecutter.logger == "wandb" %}
+LOGGERS.append(["--trainer.logger={{ cookiecutter.package_name }}.training.wandb_logging.BestModelWandbLogger",
+                "--trainer.logger.project=resume"])  # fmt: skip
+{%- elif cookiecutter.logger == "tensorboard" %}
+LOGGERS.append(["--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger"])
+{%- endif %}
 STEPS_PER_EPOCH = 18  # 72 training images in batches of 4
 TWO_EPOCHS = ["--trainer.max_epochs=2", "--trainer.limit_val_batches=1"]
 
@@ -59,11 +67,11 @@ def start_fit(groups, project: Path, *args: str) -> subprocess.Popen:
     return groups(command, cwd=project, env=command_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def start_paused_fit(groups, project: Path, data_dir: Path, step: int) -> subprocess.Popen:
+def start_paused_fit(groups, project: Path, data_dir: Path, step: int, *options: str) -> subprocess.Popen:
     """A two-epoch fit that holds at `step` (after its optimizer step) until it gets a SIGTERM."""
     marker = project / "paused"
     pause = json.dumps({"class_path": "helper_callbacks.PauseAt", "init_args": {"step": step, "marker": str(marker)}})
-    process = start_fit(groups, project, *data(data_dir), *TWO_EPOCHS, f"--trainer.callbacks+={pause}")
+    process = start_fit(groups, project, *data(data_dir), *TWO_EPOCHS, f"--trainer.callbacks+={pause}", *options)
     deadline = time.monotonic() + 300
     while not marker.exists():
         assert process.poll() is None, process.stderr.read().decode()[-3000:]
@@ -72,8 +80,8 @@ def start_paused_fit(groups, project: Path, data_dir: Path, step: int) -> subpro
     return process
 
 
-def finish_with_auto_resume(groups, project: Path, data_dir: Path) -> None:
-    resumed = start_fit(groups, project, *data(data_dir), *TWO_EPOCHS, "--ckpt_path=auto")
+def finish_with_auto_resume(groups, project: Path, data_dir: Path, *options: str) -> None:
+    resumed = start_fit(groups, project, *data(data_dir), *TWO_EPOCHS, *options, "--ckpt_path=auto")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-3000:]
 
 
@@ -303,21 +311,25 @@ def test_sigkill_mid_epoch_loses_only_the_work_since_the_last_checkpoint(in_proj
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
 
 
-def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_project_copy, tiny_shapes, groups):
-    process = start_paused_fit(groups, in_project_copy, tiny_shapes, step=STEPS_PER_EPOCH + 5)
+@pytest.mark.parametrize("logger", LOGGERS)
+def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_project_copy, tiny_shapes, groups, logger):
+    process = start_paused_fit(groups, in_project_copy, tiny_shapes, STEPS_PER_EPOCH + 5, *logger)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 128 + signal.SIGTERM, "a preempted run must not exit with success"
     printed = process.stderr.read().decode()
     assert "weights_only" not in printed, "Lightning's notice of a save that did not say what it keeps"
-    (told,) = [line for line in printed.splitlines() if "resume this run with:" in line]
-    command = told.split("resume this run with: ", 1)[1]
+    assert "\x1b[" not in printed, "colour codes, which a log file shows as such"
+    # The last line, after the logger's own (W&B's closing lines), as a scheduler's log shows it.
+    told = printed.strip().splitlines()[-1]
+    assert told.startswith("Resume this run with: "), printed[-2000:]
+    command = told.removeprefix("Resume this run with: ")
     assert command.startswith("python -m {{ cookiecutter.package_name }} fit --trainer.accelerator=cpu"), told
     assert command.endswith(" --ckpt_path auto") and "PauseAt" in command, told
     (run,) = run_folders(in_project_copy)
     # The signal came after this step's check (CheckpointOnSigterm runs before PauseAt): the next one stops.
     assert saved_step(run / "checkpoints" / "last.ckpt") == STEPS_PER_EPOCH + 6
 
-    finish_with_auto_resume(groups, in_project_copy, tiny_shapes)
+    finish_with_auto_resume(groups, in_project_copy, tiny_shapes, *logger)
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
 
 

@@ -51,6 +51,7 @@ from .training.resume import (
     chosen_runs,
     first_logger,
     resolve_resume,
+    resume_command,
     resumed_config_name,
     run_root,
     saved_checkpoint,
@@ -539,7 +540,11 @@ def main(args: list[str] | None = None) -> None:
             raise
         sys.exit(f"error: {one_line(error)}")
     except SIGTERMException:
-        # Lightning ends a SIGTERM'd run with exit status 0; schedulers must not take it for a success.
+        # The command that resumes comes last, after W&B's closing lines (which it prints at exit, colour
+        # codes and all, unless finished here); and with a failure status, which Lightning would not give.
+        finish_wandb_run()
+        if rank_zero_only.rank == 0:
+            print(f"Resume this run with: {resume_command()}", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)
     finally:
         release_run()  # a notebook's or a test's process goes on; other commands may write into the run

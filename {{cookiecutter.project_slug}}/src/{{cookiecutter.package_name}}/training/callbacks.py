@@ -17,7 +17,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..errors import ConfigError, UserError
-from .resume import resume_command
 
 
 class CheckpointOnSigterm(L.Callback):
@@ -57,7 +56,7 @@ class CheckpointOnSigterm(L.Callback):
             return
         path = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part, as sharded strategies need
-        rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}; resume this run with: {resume_command()}")
+        rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}.")  # the command to resume: cli.main
 
 
 class NonFiniteLossError(UserError, RuntimeError):

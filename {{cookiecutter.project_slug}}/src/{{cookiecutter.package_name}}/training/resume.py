@@ -168,10 +168,11 @@ def differences(saved: dict, now: dict) -> list[tuple[str, object, object]]:
 
 
 def resume_command(argv: list[str] | None = None) -> str:
-    """The command that continues this run: the fit it was started with, with --ckpt_path auto."""
+    """The command that continues this run: the fit it was started with, with --ckpt_path auto; a
+    command that trains runs of its own (cv, sweep) goes on when started again."""
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] != ["fit"]:
-        return f"python -m {PACKAGE} fit <the same options> --ckpt_path auto"
+        return shlex.join(["python", "-m", PACKAGE, *given])
     kept = []
     for arg in given:
         if kept and kept[-1] == "--ckpt_path":
