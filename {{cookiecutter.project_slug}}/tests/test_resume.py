@@ -258,6 +258,18 @@ def test_an_evaluation_takes_the_model_of_its_checkpoint_not_a_backbone_changed_
     assert "--ckpt_path best (the default): evaluating runs/" in done.stderr
 
 
+def test_an_evaluation_of_a_run_that_is_not_there_is_refused_not_taken_for_the_newest(
+    monkeypatch, capsys, trained, tiny_shapes
+):
+    (run,) = (last.parent.parent for last in trained.glob("runs/*/*/checkpoints/last.ckpt"))
+    mistyped = run.name[:-1] + ("x" if run.name[-1] != "x" else "y")
+    capsys.readouterr()
+    version = f"--trainer.logger.version={mistyped}"
+    message = refusal(monkeypatch, capsys, "validate", *ON_CPU, *on_data(tiny_shapes), version)
+    where = run.parent.relative_to(trained)
+    assert message.endswith(f"{mistyped}: no run of that name under {where}. Did you mean {run.name}?"), message
+
+
 def test_a_test_on_data_without_a_test_split_is_refused_before_it_touches_the_run(
     monkeypatch, capsys, trained, tiny_shapes
 ):

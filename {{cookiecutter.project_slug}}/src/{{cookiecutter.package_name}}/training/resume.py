@@ -23,7 +23,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..errors import PACKAGE, ConfigError, DataError, MissingError
+from ..errors import PACKAGE, ConfigError, DataError, MissingError, likely_meant
 from ..hardware.network import is_remote
 from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
 from .run_folders import best_checkpoint, finished, hold_run, last_checkpoints
@@ -56,7 +56,15 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         # weights: evaluating them would log chance accuracy as if it were the model's.
         if logger is None:
             raise ConfigError(f"{subcommand} with no logger has no runs to look in: pass --ckpt_path <file>.")
-        config.ckpt_path = str(best_checkpoint(chosen_runs(logger), "--ckpt_path <file>"))
+        runs, version = chosen_runs(logger), logger.init_args.get("version")
+        if version is not None and runs == run_root(logger):  # a mistyped run would evaluate the newest
+            named = sorted(path.name for path in runs.iterdir() if path.is_dir()) if runs.is_dir() else []
+            meant = likely_meant(str(version), named)
+            raise MissingError(
+                f"--trainer.logger.version {version}: no run of that name under {runs}"
+                + (f". Did you mean {meant}?" if meant else "; leave it out to evaluate the newest run.")
+            )
+        config.ckpt_path = str(best_checkpoint(runs, "--ckpt_path <file>"))
         rank_zero_info(f"--ckpt_path {requested or 'best (the default)'}: evaluating {config.ckpt_path}")
     elif requested in RESUME_WORDS:
         root, runs = runs_of(config, logger)
