@@ -139,6 +139,11 @@ def test_last_on_a_finished_run_says_how_to_train_longer_and_touches_nothing(
     capsys.readouterr()
     message = refusal(monkeypatch, capsys, "fit", *TRAINER, *data(tiny_shapes), *one_epoch, "--ckpt_path=last")
     assert "already reached max_epochs=1" in message and "--trainer.max_epochs=<more>" in message, message
+    # Given by path, it would start a new run that restores the epoch and trains nothing.
+    given = f"--ckpt_path={run.relative_to(in_project_copy)}/checkpoints/last.ckpt"
+    message = refusal(monkeypatch, capsys, "fit", *TRAINER, *data(tiny_shapes), *one_epoch, given)
+    assert message.endswith("has already trained to max_epochs=1: Lightning would restore its epoch and train "
+                            "nothing. Raise --trainer.max_epochs."), message  # fmt: skip
     assert sorted(in_project_copy.glob("runs/**/*")) == written, "no config_resumed_*.yaml, no logger's files"
 
 
@@ -249,13 +254,23 @@ def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in
         assert message.startswith("error: No checkpoint under ") and "train a model first" in message, message
 
 
-def test_an_evaluation_takes_the_model_of_its_checkpoint_not_a_backbone_changed_since(trained, tiny_shapes):
+def test_an_evaluation_takes_the_model_of_its_checkpoint_not_a_backbone_changed_since(
+    monkeypatch, capsys, trained, tiny_shapes
+):
     # As with --ckpt_path given: the run's backbone is built and evaluated, where its weights would not fit.
+    (trained / "next.yaml").write_text(f"model:\n  backbone: {OTHER_BACKBONE}\n")  # the next experiment's
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "validate", *ON_CPU, *on_data(tiny_shapes),
-               f"--model.backbone={OTHER_BACKBONE}"]  # fmt: skip
+               "--config=next.yaml"]  # fmt: skip
     done = subprocess.run(command, cwd=trained, env=command_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "--ckpt_path best (the default): evaluating runs/" in done.stderr
+    # Given on the command line for this command, a model option would be dropped: it is refused instead.
+    capsys.readouterr()
+    for command in (["validate"], ["fit", f"--ckpt_path={next(Path().glob('runs/*/*/checkpoints/last.ckpt'))}"]):
+        message = refusal(monkeypatch, capsys, *command, *ON_CPU, *on_data(tiny_shapes), "--model.lr=0.5")
+        assert message.startswith("error: --model.lr 0.5: the model of --ckpt_path runs/"), message
+        assert message.endswith("is built as it was trained, with its own options. Leave them out, or start a new "
+                                "run without --ckpt_path."), message  # fmt: skip
 
 
 def test_an_evaluation_of_a_run_that_is_not_there_is_refused_not_taken_for_the_newest(

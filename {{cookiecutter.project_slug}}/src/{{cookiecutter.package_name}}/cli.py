@@ -44,6 +44,7 @@ from .training.quiet import silence_dependency_noise, silence_resume_notice, sil
 from .training.resume import (
     ALLOW_CHANGES,
     EVALUATIONS,
+    as_plain,
 {%- if cookiecutter.logger != "wandb" %}
     SaveConfigWhole,
 {%- endif %}
@@ -339,6 +340,22 @@ class ClassifierCLI(LightningCLI):
         # Before LightningCLI reads the checkpoint's hyperparameters with torch.load.
         config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
         check_checkpoint(config.get("ckpt_path"))
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning builds the model of a checkpoint file from its hyperparameters, over the options:
+        # one given on the command line that differs would be dropped without a word.
+        subcommand = self.config.get("subcommand")
+        asked = as_plain(self.config[subcommand].get("model")) if subcommand else {}
+        super()._parse_ckpt_path()
+        built = as_plain(self.config[subcommand].get("model")) if subcommand else {}
+        given = {arg.partition("=")[0].removeprefix("--model.") for arg in GIVEN if arg.startswith("--model.")}
+        dropped = [name for name in sorted(given) if asked.get(name) != built.get(name)]
+        if dropped:
+            options = ", ".join(f"--model.{name} {asked.get(name)!r}" for name in dropped)
+            raise ConfigError(
+                f"{options}: the model of --ckpt_path {self.config[subcommand].ckpt_path} is built as it "
+                "was trained, with its own options. Leave them out, or start a new run without --ckpt_path."
+            )
 
     def before_instantiate_classes(self) -> None:
 {%- if cookiecutter.logger == "wandb" %}

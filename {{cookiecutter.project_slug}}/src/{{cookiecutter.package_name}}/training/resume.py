@@ -97,7 +97,13 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
                 raise ConfigError(said)
             rank_zero_info(said)
     elif subcommand == "fit":
-        return False  # a checkpoint given by path starts a new run from it (fine-tuning, a copied file)
+        # A checkpoint given by path starts a new run from it (a copied file), from its epoch on.
+        if requested and Path(requested).is_file() and (reached := limit_reached(Path(requested), config.trainer)):
+            raise ConfigError(
+                f"{requested} has already trained to {reached}: Lightning would restore its epoch and train nothing. "
+                f"Raise --trainer.{reached.split('=')[0]}."
+            )
+        return False
     run = run_of(config.get("ckpt_path"), logger)
     if run is None:
         return False
