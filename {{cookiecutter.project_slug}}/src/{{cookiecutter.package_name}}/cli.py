@@ -44,10 +44,10 @@ from .training.quiet import silence_dependency_noise, silence_resume_notice, sil
 from .training.resume import (
     ALLOW_CHANGES,
     EVALUATIONS,
-    as_plain,
 {%- if cookiecutter.logger != "wandb" %}
     SaveConfigWhole,
 {%- endif %}
+    as_plain,
     check_checkpoint,
     chosen_runs,
     first_logger,
