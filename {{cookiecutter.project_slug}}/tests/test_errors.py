@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import ON_CPU, OTHER_BACKBONE, on_data, refusal, run_cli
 
-from {{ cookiecutter.package_name }}.cli import condensed, main
+from {{ cookiecutter.package_name }}.cli import condensed, main, refusal_inside
 from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
 from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
 
@@ -73,6 +73,16 @@ def fit(data_dir, *args: str) -> list[str]:
 )
 def test_bad_options_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, expected):
     assert expected in refusal(monkeypatch, capsys, *fit(tiny_shapes, *options))
+
+
+def test_an_error_raised_outside_jsonargparse_is_not_taken_for_a_class_it_made():
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError:
+            raise ValueError("the data module's own") from None
+    except ValueError as error:
+        assert refusal_inside(error) is None
 
 
 def test_a_misspelt_option_in_a_config_file_is_named_once(monkeypatch, capsys, in_project_copy, tiny_shapes):

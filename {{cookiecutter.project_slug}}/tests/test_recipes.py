@@ -2,6 +2,7 @@
 imbalance, stochastic depth and fine-tuning's backbone learning rate."""
 
 import json
+import warnings
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -248,3 +249,9 @@ def test_a_class_the_validation_images_lack_is_named(tmp_path, split_by):
     for stage in ("fit", "validate"):
         with pytest.warns(UserWarning, match="The validation images hold none of star: val/acc and the checkpoints"):
             ImageDataModule(folder, num_workers=0).setup(stage)
+    data = ImageDataModule(folder, num_workers=0)
+    data.trainer = SimpleNamespace(limit_val_batches=0)  # validation off: nothing to say of it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data.setup("fit")
+    assert not [warning for warning in caught if "hold none" in str(warning.message)]

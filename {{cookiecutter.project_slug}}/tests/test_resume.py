@@ -24,10 +24,12 @@ from conftest import (
     run_command,
 )
 from jsonargparse import Namespace
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
 from {{ cookiecutter.package_name }}.training import checkpoint_io, resume
-from {{ cookiecutter.package_name }}.training.run_folders import last_checkpoints
+from {{ cookiecutter.package_name }}.training.run_folders import IN_USE, hold_run, last_checkpoints, release_run
 
 TRAINER = [
     "--trainer.accelerator=cpu",
@@ -111,6 +113,45 @@ def test_a_run_in_use_is_refused_to_a_second_writer_until_its_process_ends(
     kill_group(fit)  # the lock goes with its process, however it ends
     run_cli(monkeypatch, "test", *ON_CPU, *on_data(tiny_shapes))
     assert (run / "config_test.yaml").is_file()
+
+
+def test_a_run_let_go_names_no_process_and_a_file_system_without_locks_refuses_nothing(monkeypatch, tmp_path):
+    hold_run(tmp_path / "run", "fit")
+    assert f"process {os.getpid()} (fit, since " in (tmp_path / "run" / IN_USE).read_text()
+    release_run()
+    assert (tmp_path / "run" / IN_USE).read_text() == "", "no process that has ended is named"
+
+    def no_locks(fd: int) -> None:  # a Lustre client mounted without flock
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr("{{ cookiecutter.package_name }}.training.run_folders._try_lock", no_locks)
+    with pytest.warns(UserWarning, match=r"run cannot be locked \(Function not implemented\): nothing keeps"):
+        hold_run(tmp_path / "run", "test")
+    release_run()
+
+
+def test_the_resume_line_follows_a_saved_sigterm_only_and_names_the_command_run(monkeypatch, capsys, in_project_copy):
+    def stopped_by_sigterm(saved: bool):
+        def run(defaults: list[str], args: list[str] | None) -> None:
+            stop = SIGTERMException()
+            if saved:
+                stop.saved = Path("runs/x/checkpoints/last.ckpt")
+            raise stop
+
+        return run
+
+    monkeypatch.setattr(sys, "argv", ["ipykernel_launcher.py", "-f", "kernel.json"])  # a notebook's main(args)
+    monkeypatch.setattr(cli, "run_cli", stopped_by_sigterm(saved=True))
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["fit", "--trainer.max_epochs=3"])
+    assert ended.value.code == 128 + signal.SIGTERM
+    resume_line = "Resume this run with: python -m {{ cookiecutter.package_name }} fit --trainer.max_epochs=3 --ckpt_path auto"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == resume_line
+    # Nothing saved (a test stopped, checkpoints off): no command that would resume another run.
+    monkeypatch.setattr(cli, "run_cli", stopped_by_sigterm(saved=False))
+    with pytest.raises(SystemExit):
+        cli.main(["test"])
+    assert "Resume this run" not in capsys.readouterr().err
 
 
 def test_last_trains_a_finished_run_further_in_its_own_folder(monkeypatch, in_project_copy, tiny_shapes):

@@ -403,7 +403,7 @@ class ClassifierCLI(LightningCLI):
             # one found here: a backbone changed in the configs since is for the next fit.
             self._parse_ckpt_path()
         logger = first_logger(config.trainer)
-        if rank_zero_only.rank == 0 and logger is not None and (run := chosen_runs(logger)) != run_root(logger):
+        if is_first_process() and logger is not None and (run := chosen_runs(logger)) != run_root(logger):
             hold_run(run, self.subcommand)  # a run in use is refused before this logger starts
 
     def instantiate_classes(self) -> None:
@@ -478,16 +478,21 @@ class ClassifierCLI(LightningCLI):
                 rank_zero_info(f"Stopped early after epoch {callback.stopped_epoch}: {reason}")
 
 
+def raised_by_jsonargparse(error: BaseException) -> bool:
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(JSONARGPARSE_SOURCE)
+
+
 def refusal_inside(error: BaseException) -> str | None:
     """What a logger's or callback's __init__ refused ("ModelCheckpoint: `mode` can be min, max but got
     maxx"), which jsonargparse wraps in a traceback ending in "Does not validate against any of the
-    Union subtypes"; None for an error of jsonargparse's own."""
-    cause = error.__cause__ or error.__context__
+    Union subtypes"; None for an error of jsonargparse's own or outside it."""
+    cause = error.__cause__ or error.__context__ if raised_by_jsonargparse(error) else None
     while cause is not None:
-        frames = traceback.extract_tb(cause.__traceback__)
-        if frames and not frames[-1].filename.startswith(JSONARGPARSE_SOURCE):
+        if not raised_by_jsonargparse(cause):
+            # The class jsonargparse was making: the outermost __init__ (an inner one may be a helper's).
             inits = [frame for frame in traceback.walk_tb(cause.__traceback__) if frame[0].f_code.co_name == "__init__"]
-            owner = type(inits[-1][0].f_locals.get("self")).__name__ if inits else ""
+            owner = type(inits[0][0].f_locals.get("self")).__name__ if inits else ""
             message = one_line(cause)
             return message if not owner or message.startswith(owner) else f"{owner}: {message}"
         cause = cause.__cause__ or cause.__context__
@@ -556,24 +561,31 @@ def main(args: list[str] | None = None) -> None:
         if wants_traceback():
             raise
         sys.exit(f"error: {one_line(error)}")
-    except SIGTERMException:
+    except SIGTERMException as stopped:
         # The command that resumes comes last, after W&B's closing lines (which it prints at exit, colour
         # codes and all, unless finished here); and with a failure status, which Lightning would not give.
-        finish_wandb_run()
-        if rank_zero_only.rank == 0:
-            print(f"Resume this run with: {resume_command()}", file=sys.stderr)
+        finish_wandb_run(exit_code=128 + signal.SIGTERM)
+        if is_first_process() and getattr(stopped, "saved", None):  # CheckpointOnSigterm saved the run
+            print(f"Resume this run with: {resume_command(GIVEN)}", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)
     finally:
         release_run()  # a notebook's or a test's process goes on; other commands may write into the run
+        GIVEN.clear()
 
 
-def finish_wandb_run() -> None:
+def finish_wandb_run(exit_code: int | None = None) -> None:
     """End this process's W&B run, if one is open (whatever the configured logger). Lightning leaves
     it open after fit: the next run in the process would log into it, and W&B's exit hook has
     wandb-core print the closing lines, colour codes and all, into a log file."""
     wandb = sys.modules.get("wandb")  # not imported just to find no run
     if wandb is not None and wandb.run is not None:
-        wandb.finish()
+        wandb.finish(exit_code=exit_code)
+
+
+def is_first_process() -> bool:
+    """Rank 0 of the whole run, known before the trainer is (Lightning's rank from RANK, LOCAL_RANK or
+    SLURM_PROCID; a launch by hand on each node sets only NODE_RANK beside LOCAL_RANK)."""
+    return rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def run_command(command: list[str], args: list[str] | None) -> None:

@@ -227,9 +227,9 @@ class ImageDataModule(L.LightningDataModule):
         self._splits_checked = False
         if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), self.class_names)):
             rank_zero_warn(warning)
-        unvalidated = unvalidated_warning(self.class_counts("val"), self.class_names)
-        if stage in ("fit", "validate") and unvalidated:
-            rank_zero_warn(unvalidated)
+        validates = stage in ("fit", "validate") and (self.trainer is None or self.trainer.limit_val_batches != 0)
+        if validates and (warning := unvalidated_warning(self.class_counts("val"), self.class_names)):
+            rank_zero_warn(warning)
 
     def check_folders(self) -> None:
         """Read the split folders now, before a logger starts a run (a W&B run online), so that a mistake

@@ -56,7 +56,8 @@ class CheckpointOnSigterm(L.Callback):
             return
         path = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part, as sharded strategies need
-        rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}.")  # the command to resume: cli.main
+        exception.saved = path  # cli.main then prints the command that resumes, as the last line
+        rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}.")
 
 
 class NonFiniteLossError(UserError, RuntimeError):

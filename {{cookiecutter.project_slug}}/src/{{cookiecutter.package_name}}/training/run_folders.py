@@ -8,12 +8,14 @@ early stopping) leaves checkpoints/finished.json; an interrupted one (SIGTERM, a
 """
 
 import contextlib
+import errno
 import json
 import os
 import time
 from pathlib import Path
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from ..errors import ConfigError, MissingError
 from .checkpoint_io import complete_replace, write_whole
@@ -34,6 +36,8 @@ else:
 
 
 _held: dict[Path, int] = {}
+# What locking raises where another process holds the lock; anything else is a file system without locks.
+HELD_ELSEWHERE = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES, errno.EDEADLK}
 
 
 def last_checkpoints(root: Path) -> list[Path]:
@@ -76,8 +80,9 @@ def check_writable(folder: Path, option: str) -> None:
 def hold_run(run: Path, command: str) -> None:
     """Hold `run` for this process, or refuse in one line if another process holds it. Two writing into
     one run (a `test` beside its fit, two resumes) would mix metrics.csv's rows under different columns
-    and W&B's steps. The OS lock goes with the process however it ends: never stale. One process writes
-    one run at a time (cv and sweep train theirs in turn), so holding one lets go of the one before."""
+    and W&B's steps. The OS lock goes with the process however it ends (on NFS, after a node's crash,
+    with the server's lease). One process writes one run at a time (cv and sweep train theirs in turn),
+    so holding one lets go of the one before."""
     run = run.resolve()
     if run in _held:
         return
@@ -85,12 +90,14 @@ def hold_run(run: Path, command: str) -> None:
     fd = os.open(run / IN_USE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         _try_lock(fd)
-    except OSError:
-        try:
+    except OSError as error:
+        holder = ""
+        with contextlib.suppress(OSError):  # Windows' locks keep out readers too
             holder = os.read(fd, 200).decode(errors="replace").strip()
-        except OSError:  # Windows' locks keep out readers too
-            holder = ""
         os.close(fd)
+        if error.errno not in HELD_ELSEWHERE:
+            rank_zero_warn(f"{run} cannot be locked ({error.strerror}): nothing keeps a second command out of it.")
+            return
         raise ConfigError(
             f"{run} is in use by {holder or 'another process'}: wait until it ends. To evaluate one of its "
             "checkpoints meanwhile, copy the file out of the runs folder and pass --ckpt_path <copy>: "
@@ -105,6 +112,8 @@ def hold_run(run: Path, command: str) -> None:
 def release_run() -> None:
     """Let go of the run this process holds: the command that wrote into it has ended."""
     for fd in _held.values():
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # names no process once none holds it
         os.close(fd)
     _held.clear()
 
