@@ -145,7 +145,7 @@ def test_the_resume_line_follows_a_saved_sigterm_only_and_names_the_command_run(
     with pytest.raises(SystemExit) as ended:
         cli.main(["fit", "--trainer.max_epochs=3"])
     assert ended.value.code == 128 + signal.SIGTERM
-    resume_line = "Resume this run with: python -m {{ cookiecutter.package_name }} fit --trainer.max_epochs=3 --ckpt_path auto"
+    resume_line = f"Resume this run with: python -m {cli.PACKAGE} fit --trainer.max_epochs=3 --ckpt_path auto"
     assert capsys.readouterr().err.strip().splitlines()[-1] == resume_line
     # Nothing saved (a test stopped, checkpoints off): no command that would resume another run.
     monkeypatch.setattr(cli, "run_cli", stopped_by_sigterm(saved=False))
