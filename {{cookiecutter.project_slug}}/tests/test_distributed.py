@@ -98,6 +98,36 @@ def test_ddp_splits_the_data_into_one_run(in_project_copy, uneven_shapes):
     assert sorted(paths) == sorted(str(path) for path in (uneven_shapes / "test").glob("*/*.png"))
 
 
+def test_every_process_resumes_the_run_its_first_one_holds_and_passes_over_another_jobs(in_project_copy, tiny_shapes):
+    # Two jobs in one project: this one's run stopped, another job trains a newer one. Lightning's
+    # launcher starts rank 1 once rank 0 holds the stopped run: rank 1 must take that run too.
+    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 3}})
+    one_epoch = [*ON_CPU, *CSV_LOGGER, "--trainer.max_epochs=1", "--trainer.limit_val_batches=1", *data(tiny_shapes)]
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *one_epoch]
+    stopped = run_group([*command, "--trainer.devices=1", f"--trainer.callbacks+={sigterm}"], TIMEOUT,
+                        cwd=in_project_copy, env=command_env())  # fmt: skip
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
+    (ours,) = (in_project_copy / "runs" / "dist").iterdir()
+    theirs = ours.with_name("version_9")
+    shutil.copytree(ours, theirs)
+    os.utime(theirs / "checkpoints" / "last.ckpt")  # the newer run
+    script = "import sys, pathlib; from {{ cookiecutter.package_name }}.training.run_folders import hold_run; "
+    script += f"hold_run(pathlib.Path({str(theirs)!r}), 'fit'); print('held', flush=True); sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", script], env=command_env(), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        ranks = in_project_copy / "ranks"
+        fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *one_epoch, "--trainer.devices=2", record(ranks),
+            "--ckpt_path=auto")  # fmt: skip
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert [process["start_step"] for process in seen(ranks)] == [4, 4]
+    assert sorted((in_project_copy / "runs" / "dist").iterdir()) == [ours, theirs]
+    assert torch.load(theirs / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4, "not trained"
+
+
 def by_hand(logits: torch.Tensor, labels: torch.Tensor, stage: str) -> dict[str, float]:
     """The logged metrics of `stage` over these images, written out from their definitions."""
     losses = torch.logsumexp(logits, 1) - logits.gather(1, labels[:, None])[:, 0]

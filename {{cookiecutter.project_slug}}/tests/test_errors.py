@@ -15,6 +15,7 @@ from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
 MODEL_CHECKPIONT = "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpiont"  # a misspelt class
 EARLY_STOPPING = "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping"
 EMA = "--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.ModelEMA"
+PREDICTIONS = "--trainer.callbacks+={{ cookiecutter.package_name }}.training.predictions.PredictionsCSV"
 PATIENSE = "error: --trainer.callbacks.patiense: EarlyStopping has no option 'patiense'"
 
 
@@ -64,6 +65,7 @@ def fit(data_dir, *args: str) -> list[str]:
             "error: EarlyStopping: `mode` can be min, max, got maxx",
         ),
         ([EMA, "--trainer.callbacks.decay=1.5"], "error: ModelEMA decay must be between 0 and 1, got 1.5"),
+        ([PREDICTIONS, "--trainer.callbacks.top_k=0"], "error: PredictionsCSV top_k must be 1 or more, got 0"),
         # The config's EarlyStopping is not the last callback: its options are the config's to set.
         (["--trainer.callbacks.patience=3"], "no option 'patience': --trainer.callbacks.<option> sets the last one"),
         (["--trainer.logger=lightning.pytorch.loggers.Nope"], "--trainer.logger: lightning.pytorch.loggers.Nope: "),
@@ -129,7 +131,7 @@ def test_checkpoint_paths_are_checked_before_anything_reads_them(tmp_path):
         check_checkpoint(str(tmp_path / "best_model.ckpt"))
 
 
-@pytest.mark.parametrize("layout", ["missing", "one class", "empty class"])
+@pytest.mark.parametrize("layout", ["missing", "a file", "one class", "empty class"])
 def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, tmp_path, layout):
     data = tmp_path / "data"
     if layout == "one class":
@@ -138,13 +140,27 @@ def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, 
         shutil.copytree(tiny_shapes / "train", data)
         shutil.rmtree(data / "circle")
         (data / "circle").mkdir()
-    expected = {"missing": "does not exist", "one class": "needs at least two", "empty class": "No images"}[layout]
+    elif layout == "a file":  # an archive not unpacked yet
+        data.write_bytes(b"PK\x05\x06" + bytes(18))
+    expected = {"missing": f"Data folder {data} does not exist.", "a file": f"Data folder {data} is a file.",
+                "one class": "needs at least two", "empty class": "No images"}[layout]  # fmt: skip
     # Not a fast_dev_run, whose logger keeps nothing: the default logger's run must not have begun.
     line = refusal(monkeypatch, capsys, *fit(data), "--trainer.fast_dev_run=false")
     assert expected in line
     # data.synthetic draws only into data/shapes, and refuses any other folder: no fix for this one.
     assert "synthetic" not in line
     assert not (in_project_copy / "runs").exists()
+
+
+def test_consolidate_names_a_missing_checkpoint_apart_from_a_file(monkeypatch, capsys, tmp_path):
+    missing = refusal(monkeypatch, capsys, "consolidate", str(tmp_path / "last.ckpt"), str(tmp_path / "out.ckpt"))
+    assert missing == f"error: {tmp_path / 'last.ckpt'}: no such folder. Give a sharded checkpoint's folder " + (
+        "(.../last.ckpt)."
+    )
+    (tmp_path / "model.ckpt").write_bytes(b"")
+    one_file = refusal(monkeypatch, capsys, "consolidate", str(tmp_path / "model.ckpt"), str(tmp_path / "out.ckpt"))
+    assert one_file.endswith("model.ckpt is not a folder: only sharded checkpoints (folders) need consolidating.")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.ckpt"]
 
 
 def test_predict_on_a_folder_without_classes_points_at_classify(monkeypatch, capsys, trained, tiny_shapes):

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,7 +30,14 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
 from {{ cookiecutter.package_name }}.training import checkpoint_io, resume
-from {{ cookiecutter.package_name }}.training.run_folders import IN_USE, hold_run, last_checkpoints, release_run
+from {{ cookiecutter.package_name }}.training.run_folders import (
+    IN_USE,
+    LAUNCH,
+    held_elsewhere,
+    hold_run,
+    last_checkpoints,
+    release_run,
+)
 
 TRAINER = [
     "--trainer.accelerator=cpu",
@@ -40,13 +48,14 @@ TRAINER = [
     "--trainer.logger.save_dir=runs",
     "--trainer.logger.name=resume",
 ]
-# The tests' CSV logger, and the project's own logger where that is another (into the same folder).
-LOGGERS = [[]]
+# The project's own logger, into the same folder, where it is not the tests' CSV logger.
 {%- if cookiecutter.logger == "wandb" %}
-LOGGERS.append(["--trainer.logger={{ cookiecutter.package_name }}.training.wandb_logging.BestModelWandbLogger",
-                "--trainer.logger.project=resume"])  # fmt: skip
+PROJECT_LOGGER = ["--trainer.logger={{ cookiecutter.package_name }}.training.wandb_logging.BestModelWandbLogger",
+                  "--trainer.logger.project=resume"]  # fmt: skip
 {%- elif cookiecutter.logger == "tensorboard" %}
-LOGGERS.append(["--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger"])
+PROJECT_LOGGER = ["--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger"]
+{%- else %}
+PROJECT_LOGGER = []
 {%- endif %}
 STEPS_PER_EPOCH = 18  # 72 training images in batches of 4
 TWO_EPOCHS = ["--trainer.max_epochs=2", "--trainer.limit_val_batches=1"]
@@ -88,7 +97,7 @@ def finish_with_auto_resume(groups, project: Path, data_dir: Path, *options: str
 
 
 def test_a_run_in_use_is_refused_to_a_second_writer_until_its_process_ends(
-    monkeypatch, capsys, in_project_copy, tiny_shapes, groups
+    monkeypatch, capsys, caplog, in_project_copy, tiny_shapes, groups
 ):
     # A `test` or a resume beside a running fit would write into its metrics.csv (rows under other
     # columns) and its W&B run. With the default logger, as a user runs them from a second terminal.
@@ -104,14 +113,23 @@ def test_a_run_in_use_is_refused_to_a_second_writer_until_its_process_ends(
     (run,) = (last.parent.parent for last in in_project_copy.glob("runs/*/*/checkpoints/last.ckpt"))
     capsys.readouterr()
     loggers_runs = sorted(in_project_copy.glob("runs/*/*"))
-    for second in (["test"], ["fit", "--ckpt_path=auto"]):
+    for second in (["test"], ["fit", "--ckpt_path=last"]):
         message = refusal(monkeypatch, capsys, *second, *ON_CPU, *on_data(tiny_shapes))
         assert message.startswith(f"error: {run.resolve()} is in use by process {fit.pid} (fit, since "), message
     assert sorted(in_project_copy.glob("runs/*/*")) == loggers_runs, "no W&B run started"
     assert not (run / "config_test.yaml").exists()
 
+    # `auto`, as a second job of the SLURM script gives it, passes over the run in use: a run of its own.
+    saved = (run / "checkpoints" / "last.ckpt").read_bytes()
+    run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), "--ckpt_path=auto", "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1")  # fmt: skip
+    assert f"{run.relative_to(in_project_copy)} is in use by process {fit.pid} (fit, since " in caplog.text
+    (other,) = {last.parent.parent for last in in_project_copy.glob("runs/*/*/checkpoints/last.ckpt")} - {run}
+    assert (other / "checkpoints" / "finished.json").is_file()
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == saved
+
     kill_group(fit)  # the lock goes with its process, however it ends
-    run_cli(monkeypatch, "test", *ON_CPU, *on_data(tiny_shapes))
+    run_cli(monkeypatch, "test", *ON_CPU, *on_data(tiny_shapes), f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}")
     assert (run / "config_test.yaml").is_file()
 
 
@@ -128,6 +146,37 @@ def test_a_run_let_go_names_no_process_and_a_file_system_without_locks_refuses_n
     with pytest.warns(UserWarning, match=r"run cannot be locked \(Function not implemented\): nothing keeps"):
         hold_run(tmp_path / "run", "test")
     release_run()
+
+
+def test_a_run_held_by_another_launch_is_passed_over_by_every_process_of_this_one(monkeypatch, tmp_path):
+    # Held by a job's first process, the run is that job's to resume on each of its processes, and
+    # another job's to pass over: launches tell apart by the SLURM job, else by what the first
+    # process hands on to the others that Lightning's launcher starts (LAUNCH, in their environment).
+    run = tmp_path / "run"
+    script = f"import sys, pathlib; from {cli.PACKAGE}.training.run_folders import hold_run; "
+    script += f"hold_run(pathlib.Path({str(run)!r}), 'fit'); print('held', flush=True); sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", script], env=command_env(SLURM_JOB_ID="888"),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setenv("SLURM_JOB_ID", "777")
+        assert held_elsewhere(run).startswith(f"process {holder.pid} (fit, since ")
+        monkeypatch.setenv("SLURM_JOB_ID", "888")
+        assert held_elsewhere(run) is None
+        monkeypatch.delenv("SLURM_JOB_ID")
+        assert held_elsewhere(run).startswith(f"process {holder.pid} (fit, since ")
+        monkeypatch.setenv(LAUNCH, "slurm job 888")
+        assert held_elsewhere(run) is None
+        monkeypatch.delenv(LAUNCH)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert held_elsewhere(run) is None, "let go when its process ended"
+
+    hold_run(run, "fit")
+    assert os.environ[LAUNCH] == f"process {os.getpid()} on {socket.gethostname()}", "for the launcher to hand on"
+    release_run()
+    assert LAUNCH not in os.environ, "a command started later from this process is a launch of its own"
 
 
 def test_the_resume_line_follows_a_saved_sigterm_only_and_names_the_command_run(monkeypatch, capsys, in_project_copy):
@@ -183,8 +232,9 @@ def test_last_on_a_finished_run_says_how_to_train_longer_and_touches_nothing(
     # Given by path, it would start a new run that restores the epoch and trains nothing.
     given = f"--ckpt_path={run.relative_to(in_project_copy)}/checkpoints/last.ckpt"
     message = refusal(monkeypatch, capsys, "fit", *TRAINER, *data(tiny_shapes), *one_epoch, given)
-    assert message.endswith("has already trained to max_epochs=1: Lightning would restore its epoch and train "
-                            "nothing. Raise --trainer.max_epochs."), message  # fmt: skip
+    assert message.endswith("has already trained to max_epochs=1: Lightning would restore its epoch and train nothing. "
+                            f"To train it longer, raise the limit: fit {given.replace('=', ' ', 1)} "
+                            "--trainer.max_epochs=<more>."), message  # fmt: skip
     assert sorted(in_project_copy.glob("runs/**/*")) == written, "no config_resumed_*.yaml, no logger's files"
 
 
@@ -379,8 +429,10 @@ def test_sigkill_mid_epoch_loses_only_the_work_since_the_last_checkpoint(in_proj
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
 
 
-@pytest.mark.parametrize("logger", LOGGERS)
-def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_project_copy, tiny_shapes, groups, logger):
+def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_project_copy, tiny_shapes, groups):
+    # With the project's logger (the SIGKILL twin above resumes with the CSV one): W&B's closing lines
+    # come before the resume line, and its run is resumed, not started anew.
+    logger = PROJECT_LOGGER
     process = start_paused_fit(groups, in_project_copy, tiny_shapes, STEPS_PER_EPOCH + 5, *logger)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 128 + signal.SIGTERM, "a preempted run must not exit with success"

@@ -259,11 +259,11 @@ class ImageDataModule(L.LightningDataModule):
 
     def class_counts(self, split: str) -> list[int]:
         """The images of each class in a split (train, val or test), in label order."""
-        labels = torch.tensor([label for _, label in getattr(self, f"{split}_set").samples], dtype=torch.long)
+        labels = torch.tensor(self._labels(split), dtype=torch.long)
         return torch.bincount(labels, minlength=self.num_classes).tolist()
 
-    def _train_labels(self) -> list[int]:
-        return [label for _, label in self.train_set.samples]
+    def _labels(self, split: str) -> list[int]:
+        return [label for _, label in getattr(self, f"{split}_set").samples]
 
     def _train_transform(self) -> v2.Compose:
         options = self.hparams
@@ -287,7 +287,7 @@ class ImageDataModule(L.LightningDataModule):
         shards = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
         seed = run_seed()
         if self.hparams.balanced_sampling:
-            sampler = ClassBalancedSampler(self._train_labels(), **shards, seed=seed)
+            sampler = ClassBalancedSampler(self._labels("train"), **shards, seed=seed)
         else:
             # The sampler Lightning would add under DDP, on one device too: each epoch's order comes
             # from the seed and the epoch, so a resumed run sees the images in the order an
@@ -297,9 +297,7 @@ class ImageDataModule(L.LightningDataModule):
         # data workers draw from at once, and on a resumed run before restoring its loop's epoch: that
         # run's first epoch would take epoch 0's order.
         epoch, self._resumed_epoch = self._resumed_epoch, None
-        if epoch is None and self.trainer is not None:
-            epoch = self.trainer.fit_loop.epoch_progress.current.processed
-        sampler.set_epoch(epoch or 0)
+        sampler.set_epoch(self._next_epoch() if epoch is None else epoch)
         if position is not None:
             saved = {"processes": position["processes"], "batch_size": position["batch_size"]}
             if changed := changed_settings(saved, {"processes": sampler.num_replicas, "batch_size": self.batch_size}):
@@ -371,11 +369,15 @@ class ImageDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         # Saved in every checkpoint, so the label order and the preprocessing travel with the weights.
         state = {"class_names": self.class_names, "preprocessing": self.preprocessing.as_dict()}
-        if self.trainer is not None:  # the epoch the loop gives the sampler next
-            state["sampler_epoch"] = self.trainer.fit_loop.epoch_progress.current.processed
+        if self.trainer is not None:
+            state["sampler_epoch"] = self._next_epoch()
         if (position := self._position_in_epoch()) is not None:
             state["epoch_position"] = position
         return state
+
+    def _next_epoch(self) -> int:
+        """The epoch the loop gives the sampler next."""
+        return self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
 
     def _position_in_epoch(self) -> dict | None:
         """Where a checkpoint interrupts an epoch, for the resumed run to go on from the next unseen
@@ -609,8 +611,8 @@ def train_folder(data_dir: Path) -> Path:
         if is_built_in(data_dir):  # data.synthetic draws only there: elsewhere it is no fix
             draw = ", or set --data.synthetic=true to draw the built-in shapes dataset there"
         raise MissingError(
-            f"Data folder {data_dir} does not exist. Point --data.data_dir at a folder of class "
-            f"folders (or of train/ and val/ folders of class folders){draw}."
+            f"Data folder {data_dir} {'is a file' if data_dir.exists() else 'does not exist'}. Point --data.data_dir "
+            f"at a folder of class folders (or of train/ and val/ folders of class folders){draw}."
         )
     train_dir = data_dir / "train"
     if train_dir.is_dir():

@@ -16,7 +16,7 @@ from lightning.fabric.utilities.load import _load_distributed_checkpoint
 from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
 from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-from ..errors import PACKAGE, CommandParser, DataError, one_line
+from ..errors import PACKAGE, CommandParser, DataError, MissingError, one_line
 from ..training.checkpoint_io import written_whole
 
 
@@ -41,6 +41,8 @@ def main(args: list[str]) -> int:
     parser.add_argument("checkpoint", type=Path, help="a checkpoint folder, such as .../checkpoints/last.ckpt")
     parser.add_argument("output", type=Path, help="the single checkpoint file to write")
     options = parser.parse_args(args)
+    if not options.checkpoint.exists():
+        raise MissingError(f"{options.checkpoint}: no such folder. Give a sharded checkpoint's folder (.../last.ckpt).")
     if not options.checkpoint.is_dir():
         raise DataError(f"{options.checkpoint} is not a folder: only sharded checkpoints (folders) need consolidating.")
     options.output.parent.mkdir(parents=True, exist_ok=True)

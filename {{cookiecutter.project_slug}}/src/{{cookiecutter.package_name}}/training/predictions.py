@@ -7,6 +7,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from ..errors import ConfigError
 from .reports import report_folder
 
 
@@ -41,6 +42,8 @@ class PredictionsCSV(L.Callback):
     loader skips, is left out rather than shifting the rows after it."""
 
     def __init__(self, top_k: int = 3) -> None:
+        if top_k < 1:
+            raise ConfigError(f"PredictionsCSV top_k must be 1 or more, got {top_k}")
         self.top_k = top_k
         self.rows: dict[str, list[tuple[str, float]]] = {}
 

@@ -21,9 +21,11 @@ def report_folder(trainer: L.Trainer) -> Path | None:
     if checkpoint is not None and checkpoint.dirpath:
         return Path(checkpoint.dirpath).parent / "reports"
     # Lightning's finders log to a DummyLogger, which keeps nothing.
-    if any(not isinstance(logger, DummyLogger) for logger in trainer.loggers):
-        return Path(trainer.log_dir or trainer.default_root_dir) / "reports"
-    return None
+    if not trainer.loggers or isinstance(logger := trainer.loggers[0], DummyLogger):
+        return None
+    # Where Lightning puts a run's checkpoints (trainer.log_dir is the folder all runs share for W&B).
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version / "reports"
 
 
 def per_class_accuracy(matrix: torch.Tensor) -> list[float]:

@@ -11,7 +11,6 @@ Evaluating a run's checkpoint (validate, test, predict) logs into that run too, 
 import json
 import os
 import shlex
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -26,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..errors import PACKAGE, ConfigError, DataError, MissingError, likely_meant
 from ..hardware.network import is_remote
 from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
-from .run_folders import best_checkpoint, finished, hold_run, last_checkpoints
+from .run_folders import best_checkpoint, finished, held_elsewhere, hold_run, last_checkpoints
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
 HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method"
@@ -69,6 +68,9 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
     elif requested in RESUME_WORDS:
         root, runs = runs_of(config, logger)
         found = [last for last in runs if not finished(last)] if requested == "auto" and subcommand == "fit" else runs
+        # Another job's run, being trained (two jobs of the SLURM script in one project): not this one's.
+        while requested == "auto" and found and (holder := held_elsewhere(found[-1].parent.parent)):
+            rank_zero_info(f"--ckpt_path auto: {found.pop().parent.parent} is in use by {holder}, not resuming it")
         if not found:
             if requested == "last":
                 raise MissingError(
@@ -89,10 +91,8 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
             # Lightning would end at once with no word on how to go on. Asked for by `last`, a mistake
             # refused before the run's folder and logger are touched; by `auto` (a requeued job whose
             # run ended before it could say so), the job's work is done.
-            said = (
-                f"That run already reached {reached}, so there is nothing left to train. To train it longer, "
-                f"raise the limit: fit --ckpt_path {requested} --trainer.{reached.split('=')[0]}=<more>."
-            )
+            said = f"That run already reached {reached}, so there is nothing left to train. "
+            said += raise_limit(reached, requested)
             if requested == "last":
                 raise ConfigError(said)
             rank_zero_info(said)
@@ -101,7 +101,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         if requested and Path(requested).is_file() and (reached := limit_reached(Path(requested), config.trainer)):
             raise ConfigError(
                 f"{requested} has already trained to {reached}: Lightning would restore its epoch and train nothing. "
-                f"Raise --trainer.{reached.split('=')[0]}."
+                + raise_limit(reached, requested)
             )
         return False
     run = run_of(config.get("ckpt_path"), logger)
@@ -181,10 +181,9 @@ def differences(saved: dict, now: dict) -> list[tuple[str, object, object]]:
             if saved.get(name) != now.get(name)]  # fmt: skip
 
 
-def resume_command(argv: list[str] | None = None) -> str:
-    """The command that continues this run: the fit it was started with, with --ckpt_path auto; a
-    command that trains runs of its own (cv, sweep) goes on when started again."""
-    given = list(sys.argv[1:] if argv is None else argv)
+def resume_command(given: list[str]) -> str:
+    """The command that continues this run: the fit it was started with (`given`, its arguments), with
+    --ckpt_path auto; a command that trains runs of its own (cv, sweep) goes on when started again."""
     if given[:1] != ["fit"]:
         return shlex.join(["python", "-m", PACKAGE, *given])
     kept = []
@@ -194,6 +193,11 @@ def resume_command(argv: list[str] | None = None) -> str:
         elif not arg.startswith("--ckpt_path="):
             kept.append(arg)
     return shlex.join(["python", "-m", PACKAGE, *kept, "--ckpt_path", "auto"])
+
+
+def raise_limit(reached: str, requested: str) -> str:
+    """How to train further a run that reached `reached` (a limit_reached answer)."""
+    return f"To train it longer, raise the limit: fit --ckpt_path {requested} --trainer.{reached.split('=')[0]}=<more>."
 
 
 def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:

@@ -11,13 +11,14 @@ import contextlib
 import errno
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ..errors import ConfigError, MissingError
+from ..errors import PACKAGE, ConfigError, MissingError
 from .checkpoint_io import complete_replace, write_whole
 
 FINISHED = "finished.json"
@@ -26,18 +27,29 @@ IN_USE = ".in_use"  # locked by the process writing into the run; names it
 if os.name == "nt":
     import msvcrt
 
+    # Windows' locks keep readers out of the bytes they lock: one byte past the holder's name.
     def _try_lock(fd: int) -> None:
+        os.lseek(fd, 2**20, os.SEEK_SET)
         msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+
+    def _unlock(fd: int) -> None:
+        os.lseek(fd, 2**20, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
 else:
     import fcntl
 
     def _try_lock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
+    def _unlock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
 
 _held: dict[Path, int] = {}
 # What locking raises where another process holds the lock; anything else is a file system without locks.
 HELD_ELSEWHERE = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES, errno.EDEADLK}
+# The launch of the process holding a run, for the processes Lightning's launcher starts from it.
+LAUNCH = f"{PACKAGE.upper()}_LAUNCH"
 
 
 def last_checkpoints(root: Path) -> list[Path]:
@@ -88,25 +100,72 @@ def hold_run(run: Path, command: str) -> None:
         return
     run.mkdir(parents=True, exist_ok=True)
     fd = os.open(run / IN_USE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        _try_lock(fd)
-    except OSError as error:
-        holder = ""
-        with contextlib.suppress(OSError):  # Windows' locks keep out readers too
-            holder = os.read(fd, 200).decode(errors="replace").strip()
-        os.close(fd)
-        if error.errno not in HELD_ELSEWHERE:
-            rank_zero_warn(f"{run} cannot be locked ({error.strerror}): nothing keeps a second command out of it.")
-            return
-        raise ConfigError(
-            f"{run} is in use by {holder or 'another process'}: wait until it ends. To evaluate one of its "
-            "checkpoints meanwhile, copy the file out of the runs folder and pass --ckpt_path <copy>: "
-            "it is logged as a run of its own."
-        ) from None
+    for attempt in range(10):  # another launch's check (held_elsewhere) holds the lock for a moment
+        try:
+            _try_lock(fd)
+            break
+        except OSError as error:
+            if error.errno in HELD_ELSEWHERE and attempt < 9:
+                time.sleep(0.1)
+                continue
+            holder, _ = named_in(fd)
+            os.close(fd)
+            if error.errno not in HELD_ELSEWHERE:
+                rank_zero_warn(f"{run} cannot be locked ({error.strerror}): nothing keeps a second command out of it.")
+                return
+            raise ConfigError(
+                f"{run} is in use by {holder or 'another process'}: wait until it ends. To evaluate one of its "
+                "checkpoints meanwhile, copy the file out of the runs folder and pass --ckpt_path <copy>: "
+                "it is logged as a run of its own."
+            ) from None
     release_run()
+    os.environ[LAUNCH] = launch = launch_id()  # Lightning's launcher starts the other processes with it
     os.ftruncate(fd, 0)
-    os.write(fd, f"process {os.getpid()} ({command}, since {time.strftime('%H:%M:%S')})".encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, f"process {os.getpid()} ({command}, since {time.strftime('%H:%M:%S')})\n{launch}".encode())
     _held[run] = fd
+
+
+def named_in(fd: int) -> tuple[str, str]:
+    """The process that an .in_use file names and its launch (empty once let go)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    holder, _, launch = os.read(fd, 400).decode(errors="replace").partition("\n")
+    return holder.strip(), launch
+
+
+def launch_id() -> str:
+    """What the processes of one launch share and no other launch does: the SLURM job, torchrun's
+    rendezvous, or the first process, which Lightning's launcher names to the others (LAUNCH)."""
+    env = os.environ
+    if "SLURM_JOB_ID" in env:
+        return f"slurm job {env['SLURM_JOB_ID']}"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return f"torchrun {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+    return env.get(LAUNCH) or f"process {os.getpid()} on {socket.gethostname()}"
+
+
+def held_elsewhere(run: Path) -> str | None:
+    """The process holding `run` when it is another launch's (a second job in the project), else None.
+    Every process of a launch answers alike: the one holding the run is this launch's first."""
+    run = run.resolve()
+    if run in _held:
+        return None
+    try:
+        fd = os.open(run / IN_USE, os.O_RDWR)
+    except OSError:
+        return None  # never held, or not ours to lock: hold_run will say
+    try:
+        holder, launch = named_in(fd)
+        if not holder or launch == launch_id():
+            return None
+        try:
+            _try_lock(fd)
+        except OSError as error:
+            return holder if error.errno in HELD_ELSEWHERE else None
+        _unlock(fd)
+        return None
+    finally:
+        os.close(fd)
 
 
 def release_run() -> None:
@@ -116,6 +175,7 @@ def release_run() -> None:
             os.ftruncate(fd, 0)  # names no process once none holds it
         os.close(fd)
     _held.clear()
+    os.environ.pop(LAUNCH, None)
 
 
 def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:
