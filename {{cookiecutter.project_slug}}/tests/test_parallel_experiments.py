@@ -35,8 +35,8 @@ def trials_of(name: str = "space") -> list[optuna.trial.FrozenTrial]:
 
 
 def a_trial_runs() -> bool:
-    try:
-        return any(trial.state == TrialState.RUNNING for trial in trials_of())
+    try:  # once its process is named: a trial killed before that is failed only after stale_after
+        return any(trial.state == TrialState.RUNNING and "pid" in trial.user_attrs for trial in trials_of())
     except (FileNotFoundError, KeyError):  # no journal, or no study in it, yet
         return False
 

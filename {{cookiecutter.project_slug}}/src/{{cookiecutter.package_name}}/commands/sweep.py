@@ -55,13 +55,11 @@ STALE_LOCK_SECONDS = 30
 
 
 class Heartbeat:
-    """While a trial trains, the time is written into it every `seconds`, with this host and
-    process: a trial that stops hearing it was killed (SIGKILL, a lost node) and is run again."""
+    """While a trial trains, the time is written into it every `seconds`: a trial that stops hearing
+    it was killed (SIGKILL, a lost node) and is run again."""
 
     def __init__(self, trial: Trial, seconds: float) -> None:
         self.trial, self.seconds, self.stopped = trial, seconds, threading.Event()
-        trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("pid", os.getpid())
         self.thread = threading.Thread(target=self._beat, daemon=True)
 
     def _beat(self) -> None:
@@ -123,6 +121,10 @@ def run_trials(study, distributions, cli_args: list[str], folder: Path, trials: 
                 return
             trial = study.ask(distributions)
             trial_folder = folder / "trials" / f"{trial.number:04d}"
+            # Its process, at once: a sweep killed before the trial's first heartbeat leaves it for the
+            # next to fail and run again now, not after stale_after.
+            trial.set_user_attr("host", socket.gethostname())
+            trial.set_user_attr("pid", os.getpid())
             trial.set_user_attr("folder", str(trial_folder))
             trial.set_user_attr("alive_at", time.time())
         options = [option(key, value) for key, value in trial.params.items()]
