@@ -357,8 +357,12 @@ def test_an_evaluation_takes_the_model_of_its_checkpoint_not_a_backbone_changed_
     assert "--ckpt_path best (the default): evaluating runs/" in done.stderr
     # Given on the command line for this command, a model option would be dropped: it is refused instead.
     capsys.readouterr()
-    for command in (["validate"], ["fit", f"--ckpt_path={next(Path().glob('runs/*/*/checkpoints/last.ckpt'))}"]):
-        message = refusal(monkeypatch, capsys, *command, *ON_CPU, *on_data(tiny_shapes), "--model.lr=0.5")
+    (trained / "lr.yaml").write_text("lr: 0.5\n")
+    last = next(Path().glob("runs/*/*/checkpoints/last.ckpt"))
+    commands = (["validate", '--model={"lr": 0.5}'], ["validate", "--model", "lr.yaml"],
+                ["fit", f"--ckpt_path={last}", "--model.lr=0.5"])  # fmt: skip
+    for command in commands:
+        message = refusal(monkeypatch, capsys, *command, *ON_CPU, *on_data(tiny_shapes))
         assert message.startswith("error: --model.lr 0.5: the model of --ckpt_path runs/"), message
         assert message.endswith("is built as it was trained, with its own options. Leave them out, or start a new "
                                 "run without --ckpt_path."), message  # fmt: skip

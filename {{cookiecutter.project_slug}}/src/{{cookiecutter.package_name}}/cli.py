@@ -348,8 +348,7 @@ class ClassifierCLI(LightningCLI):
         asked = as_plain(self.config[subcommand].get("model")) if subcommand else {}
         super()._parse_ckpt_path()
         built = as_plain(self.config[subcommand].get("model")) if subcommand else {}
-        given = {arg.partition("=")[0].removeprefix("--model.") for arg in GIVEN if arg.startswith("--model.")}
-        dropped = [name for name in sorted(given) if asked.get(name) != built.get(name)]
+        dropped = [name for name in sorted(model_options_given(GIVEN)) if asked.get(name) != built.get(name)]
         if dropped:
             options = ", ".join(f"--model.{name} {asked.get(name)!r}" for name in dropped)
             raise ConfigError(
@@ -571,6 +570,25 @@ def main(args: list[str] | None = None) -> None:
     finally:
         release_run()  # a notebook's or a test's process goes on; other commands may write into the run
         GIVEN.clear()
+
+
+def model_options_given(args: list[str]) -> set[str]:
+    """The model options named on a command line: each --model.<name>, and those of a whole --model
+    (a YAML file or text, as jsonargparse takes it)."""
+    names = set()
+    for index, arg in enumerate(args):
+        option, has_value, value = arg.partition("=")
+        if option.startswith("--model."):
+            names.add(option.removeprefix("--model."))
+        elif option == "--model":
+            value = value if has_value else next(iter(args[index + 1 :]), "")
+            try:
+                whole = yaml.safe_load(Path(value).read_text() if Path(value).is_file() else value)
+            except (OSError, ValueError, yaml.YAMLError):
+                continue  # the parser has already refused what it cannot read
+            if isinstance(whole, dict):
+                names |= set(whole.get("init_args", whole))
+    return names
 
 
 def finish_wandb_run(exit_code: int | None = None) -> None:
