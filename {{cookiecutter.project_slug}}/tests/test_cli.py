@@ -172,6 +172,16 @@ def test_a_run_config_from_the_flat_package_names_each_path_that_moved(monkeypat
     )
 
 
+def test_a_config_an_evaluation_saved_is_named_as_another_commands_for_fit(monkeypatch, capsys, in_project_copy):
+    (in_project_copy / "config_validate.yaml").write_text("verbose: true\ntrainer:\n  max_epochs: 3\n")
+    message = refusal(monkeypatch, capsys, "fit", "--config=config_validate.yaml", "--trainer.fast_dev_run=true")
+    assert "does not accept option 'verbose': it is another command's; fit takes the run's config.yaml" in message
+    assert "Did you mean verbose" not in message, message
+    (in_project_copy / "typo.yaml").write_text("seed_everythin: 3\n")
+    message = refusal(monkeypatch, capsys, "fit", "--config=typo.yaml", "--trainer.fast_dev_run=true")
+    assert message.endswith("does not accept option 'seed_everythin'. Did you mean seed_everything?"), message
+
+
 def test_fit_loads_no_other_commands_code_nor_wandb():
     # Each tool is imported by its own command only: `fit` pays for none of them. W&B's library
     # (0.7 s on 2 cores) loads when a run logs, not to parse the config.

@@ -120,14 +120,19 @@ class SuggestingParser(LightningArgumentParser):
     def error(self, message: str, *args, **kwargs):
         wrong = re.search(r"unrecognized arguments: --([\w.]+)", message)
         in_file = re.search(r"(Group|Subcommand) '([\w.]+)' does not accept option '([\w.]+)'", message)
+        names = self._option_names()
         if wrong:
             key = wrong.group(1)
         elif in_file:
             kind, group, option = in_file.groups()
             key = f"{group}.{option}" if kind == "Group" else option
+            if kind == "Subcommand" and (command := self._subcommand(group)):
+                names = command._option_names()
+                if option in self._option_names():  # verbose, in the config an evaluation saved
+                    message += f": it is another command's; {group} takes the run's config.yaml"
         else:
             key = None
-        if key and (close := likely_meant(key, self._option_names())):
+        if key and (close := likely_meant(key, names)):
             message += f". Did you mean {close}?"
         if not self.exit_on_error or wants_traceback():
             super().error(message, *args, **kwargs)  # with the usage, or raised for jsonargparse to handle
@@ -142,6 +147,12 @@ class SuggestingParser(LightningArgumentParser):
             message = f"{'; '.join(stale)}: correct or delete them in the config"
         print(f"error: {condensed(message)}", file=sys.stderr)
         sys.exit(2)
+
+    def _subcommand(self, name: str) -> "SuggestingParser | None":
+        for action in self._actions:
+            if isinstance(parser := (getattr(action, "choices", None) or {}).get(name), SuggestingParser):
+                return parser
+        return None
 
     def _option_names(self) -> list[str]:
         names = [option[2:] for option in self._option_string_actions if option.startswith("--")]
