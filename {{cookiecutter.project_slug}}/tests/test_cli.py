@@ -182,6 +182,20 @@ def test_a_config_an_evaluation_saved_is_named_as_another_commands_for_fit(monke
     assert message.endswith("does not accept option 'seed_everythin'. Did you mean seed_everything?"), message
 
 
+def test_a_mistyped_or_missing_command_lists_every_command_and_help_names_the_tools(monkeypatch, capsys):
+    commands = ", ".join([*cli.SUBCOMMANDS, *cli.TOOLS])
+    message = refusal(monkeypatch, capsys, "fitt")
+    assert message == f"error: 'fitt' is no command; the commands are {commands}. Did you mean fit?"
+    assert refusal(monkeypatch, capsys, "repor").startswith("error: 'repor' is no command; the commands are fit, ")
+    assert refusal(monkeypatch, capsys) == f"error: no command given; the commands are {commands}"
+    with pytest.raises(SystemExit) as ended:
+        run_cli(monkeypatch, "--help")
+    assert ended.value.code == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"usage: python -m {cli.PACKAGE} " in printed
+    assert f"each with its own --help: {', '.join(cli.TOOLS)}." in printed
+
+
 def test_fit_loads_no_other_commands_code_nor_wandb():
     # Each tool is imported by its own command only: `fit` pays for none of them. W&B's library
     # (0.7 s on 2 cores) loads when a run logs, not to parse the config.

@@ -121,7 +121,14 @@ class SuggestingParser(LightningArgumentParser):
         wrong = re.search(r"unrecognized arguments: --([\w.]+)", message)
         in_file = re.search(r"(Group|Subcommand) '([\w.]+)' does not accept option '([\w.]+)'", message)
         names = self._option_names()
-        if wrong:
+        unknown = re.search(r"invalid choice: '([^']*)'", message)  # `fitt`, or a tool's name mistyped
+        if unknown or re.search(r'expected "subcommand" .* not provided', message):
+            names = [*SUBCOMMANDS, *TOOLS]
+            said = f"{unknown.group(1)!r} is no command" if unknown else "no command given"
+            message = f"{said}; the commands are {', '.join(names)}"
+        if unknown:
+            key = unknown.group(1)
+        elif wrong:
             key = wrong.group(1)
         elif in_file:
             kind, group, option = in_file.groups()
@@ -315,7 +322,12 @@ class ClassifierCLI(LightningCLI):
     def __init__(self, *args, parser_kwargs: dict | None = None, trainer_defaults: dict | None = None, **kwargs):
         # No abbreviations, on the main parser and each subcommand's: --model.backbon must not quietly
         # mean --model.backbone.
-        parser_kwargs = {"allow_abbrev": False} | {
+        main = {
+            "prog": f"python -m {PACKAGE}",
+            "description": "Train and evaluate the image classifier.",
+            "epilog": f"Besides these, each with its own --help: {', '.join(TOOLS)}.",
+        }
+        parser_kwargs = {"allow_abbrev": False, **main} | {
             command: {"allow_abbrev": False} | (parser_kwargs or {}).get(command, {}) for command in SUBCOMMANDS
         }
         # Always on, whatever callbacks a config lists: no process outlives its launcher.
