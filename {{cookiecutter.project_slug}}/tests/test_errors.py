@@ -55,6 +55,10 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--model.nonsense=1"], "unrecognized arguments: --model.nonsense=1. Did you mean"),
         (["--model.backbon=resnet18"], "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone"),
         (["--trainer.max_epochs=x"], "--trainer.max_epochs: Does not validate against any of the Union subtypes; - "),
+        # A union's subtypes, said as the values it takes or the class likely meant, not type by type.
+        (["--trainer.precision=17"], "error: --trainer.precision: 17 is none of 64, 32, 16, transformer-engine, "),
+        (["--trainer.logger=TensorBoardLoger"], "error: --trainer.logger: no class 'TensorBoardLoger'. Did you mean "),
+        (["--trainer.callbacks+=EarlyStoping"], "error: --trainer.callbacks: no class 'EarlyStoping'. Did you mean "),
         # A logger's or a callback's option: the reason its class gives, not those of bool and None.
         (["--trainer.logger.save_dri=runs"], "Logger has no option 'save_dri'. Did you mean save_dir?"),
         ([EARLY_STOPPING, "--trainer.callbacks.patiense=3"], f"{PATIENSE}. Did you mean patience?"),

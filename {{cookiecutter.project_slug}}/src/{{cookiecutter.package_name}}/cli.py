@@ -178,7 +178,7 @@ def condensed(message: str) -> str:
     """jsonargparse's message on one line: `Parser key "data.batch_size":`, its first reason, and the
     types and value it lists after that."""
     message = re.sub(r"<class '([\w.]+)'>", r"\1", message)
-    if reason := class_option_problem(message):
+    if reason := class_option_problem(message) or union_problem(message):
         return reason
     lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
     if not lines:
@@ -187,6 +187,25 @@ def condensed(message: str) -> str:
     # The reasons of a union's subtypes ("- Option 'y' is not accepted"), and the value given.
     details = [line for line in lines[2:] if line.startswith(("- ", "Given value:"))]
     return "; ".join([" ".join([head, *lines[1:2]]), *details])
+
+
+def union_problem(message: str) -> str | None:
+    """A value that none of an option's types takes, said as the values it takes (precision 17) or as
+    the class it likely means (--trainer.logger=TensorBoardLoger), rather than type by type."""
+    key = re.match(r'\s*Parser key "([\w.]+)":', message)
+    given = re.search(r"^\s*Given value: (.+)$", message, re.MULTILINE)
+    if not key or not given:
+        return None
+    if literals := re.findall(r"Expected a typing\.Literal\[(.*)\]$", message, re.MULTILINE):
+        values = dict.fromkeys(value.strip(" '") for group in literals for value in group.split(","))
+        return f"--{key.group(1)}: {given.group(1)} is none of {', '.join(values)}"
+    if re.search(rf"Expected a dot import path string: {re.escape(given.group(1))}$", message, re.MULTILINE):
+        from lightning.pytorch import callbacks, loggers
+
+        classes = loggers.__all__ if key.group(1).endswith("logger") else callbacks.__all__
+        if close := likely_meant(given.group(1), list(classes), n=1):
+            return f"--{key.group(1)}: no class {given.group(1)!r}. Did you mean {close}?"
+    return None
 
 
 def class_option_problem(message: str) -> str | None:
