@@ -59,6 +59,8 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--trainer.precision=17"], "error: --trainer.precision: 17 is none of 64, 32, 16, transformer-engine, "),
         (["--trainer.logger=TensorBoardLoger"], "error: --trainer.logger: no class 'TensorBoardLoger'. Did you mean "),
         (["--trainer.callbacks+=EarlyStoping"], "error: --trainer.callbacks: no class 'EarlyStoping'. Did you mean "),
+        # A union with other types than values keeps its reasons type by type (not "x is none of auto").
+        (["--data.num_workers=x"], "error: --data.num_workers: Does not validate against any of the Union subtypes"),
         # A logger's or a callback's option: the reason its class gives, not those of bool and None.
         (["--trainer.logger.save_dri=runs"], "Logger has no option 'save_dri'. Did you mean save_dir?"),
         ([EARLY_STOPPING, "--trainer.callbacks.patiense=3"], f"{PATIENSE}. Did you mean patience?"),

@@ -25,18 +25,20 @@ from conftest import (
     run_command,
 )
 from jsonargparse import Namespace
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
 from {{ cookiecutter.package_name }}.training import checkpoint_io, resume
 from {{ cookiecutter.package_name }}.training.run_folders import (
+    CHOSEN,
     IN_USE,
-    LAUNCH,
-    held_elsewhere,
     hold_run,
     last_checkpoints,
     release_run,
+    run_to_resume,
+    trained_elsewhere,
 )
 
 TRAINER = [
@@ -115,7 +117,8 @@ def test_a_run_in_use_is_refused_to_a_second_writer_until_its_process_ends(
     loggers_runs = sorted(in_project_copy.glob("runs/*/*"))
     for second in (["test"], ["fit", "--ckpt_path=last"]):
         message = refusal(monkeypatch, capsys, *second, *ON_CPU, *on_data(tiny_shapes))
-        assert message.startswith(f"error: {run.resolve()} is in use by process {fit.pid} (fit, since "), message
+        assert message.startswith(f"error: {run.resolve()} is in use by process {fit.pid} on "), message
+        assert f"{socket.gethostname()} (fit, since " in message
     assert sorted(in_project_copy.glob("runs/*/*")) == loggers_runs, "no W&B run started"
     assert not (run / "config_test.yaml").exists()
 
@@ -123,7 +126,7 @@ def test_a_run_in_use_is_refused_to_a_second_writer_until_its_process_ends(
     saved = (run / "checkpoints" / "last.ckpt").read_bytes()
     run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), "--ckpt_path=auto", "--trainer.max_epochs=1",
             "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1")  # fmt: skip
-    assert f"{run.relative_to(in_project_copy)} is in use by process {fit.pid} (fit, since " in caplog.text
+    assert f"{run.relative_to(in_project_copy)} is being trained by process {fit.pid} on " in caplog.text
     (other,) = {last.parent.parent for last in in_project_copy.glob("runs/*/*/checkpoints/last.ckpt")} - {run}
     assert (other / "checkpoints" / "finished.json").is_file()
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == saved
@@ -135,7 +138,7 @@ def test_a_run_in_use_is_refused_to_a_second_writer_until_its_process_ends(
 
 def test_a_run_let_go_names_no_process_and_a_file_system_without_locks_refuses_nothing(monkeypatch, tmp_path):
     hold_run(tmp_path / "run", "fit")
-    assert f"process {os.getpid()} (fit, since " in (tmp_path / "run" / IN_USE).read_text()
+    assert f"process {os.getpid()} on {socket.gethostname()} (fit, since " in (tmp_path / "run" / IN_USE).read_text()
     release_run()
     assert (tmp_path / "run" / IN_USE).read_text() == "", "no process that has ended is named"
 
@@ -148,35 +151,55 @@ def test_a_run_let_go_names_no_process_and_a_file_system_without_locks_refuses_n
     release_run()
 
 
-def test_a_run_held_by_another_launch_is_passed_over_by_every_process_of_this_one(monkeypatch, tmp_path):
-    # Held by a job's first process, the run is that job's to resume on each of its processes, and
-    # another job's to pass over: launches tell apart by the SLURM job, else by what the first
-    # process hands on to the others that Lightning's launcher starts (LAUNCH, in their environment).
-    run = tmp_path / "run"
+def hold_in_another_process(run: Path, command: str) -> subprocess.Popen:
+    """A process holding `run` for `command` until its stdin closes."""
     script = f"import sys, pathlib; from {cli.PACKAGE}.training.run_folders import hold_run; "
-    script += f"hold_run(pathlib.Path({str(run)!r}), 'fit'); print('held', flush=True); sys.stdin.read()"
-    holder = subprocess.Popen([sys.executable, "-c", script], env=command_env(SLURM_JOB_ID="888"),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout.readline() == "held\n"
-        monkeypatch.setenv("SLURM_JOB_ID", "777")
-        assert held_elsewhere(run).startswith(f"process {holder.pid} (fit, since ")
-        monkeypatch.setenv("SLURM_JOB_ID", "888")
-        assert held_elsewhere(run) is None
-        monkeypatch.delenv("SLURM_JOB_ID")
-        assert held_elsewhere(run).startswith(f"process {holder.pid} (fit, since ")
-        monkeypatch.setenv(LAUNCH, "slurm job 888")
-        assert held_elsewhere(run) is None
-        monkeypatch.delenv(LAUNCH)
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=60)
-    assert held_elsewhere(run) is None, "let go when its process ended"
+    script += f"hold_run(pathlib.Path({str(run)!r}), {command!r}); print('held', flush=True); sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", script], env=command_env(), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout.readline() == "held\n"
+    return holder
 
-    hold_run(run, "fit")
-    assert os.environ[LAUNCH] == f"process {os.getpid()} on {socket.gethostname()}", "for the launcher to hand on"
+
+def test_auto_passes_over_a_run_another_fit_trains_and_every_task_of_a_job_takes_the_first_ones_choice(
+    monkeypatch, tmp_path
+):
+    lasts = []
+    for name in ("older", "newer", "evaluated"):
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+        lasts.append(tmp_path / name / "checkpoints" / "last.ckpt")
+        lasts[-1].touch()
+    older, newer, evaluated = lasts
+    holders = [hold_in_another_process(newer.parent.parent, "fit"),
+               hold_in_another_process(evaluated.parent.parent, "test")]  # fmt: skip
+    try:
+        assert trained_elsewhere(newer.parent.parent).startswith(f"process {holders[0].pid} on ")
+        assert trained_elsewhere(evaluated.parent.parent) is None, "an evaluation ends soon: hold_run waits or says"
+        # The first task of a SLURM job chooses, passing over the run another job trains, and tells the others.
+        for name in ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_ID"):
+            monkeypatch.setenv(name, {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "5"}[name])
+        assert run_to_resume(tmp_path, [older, newer]) == older
+        assert os.environ[CHOSEN] == str(older), "for the processes Lightning's launcher starts"
+        (told,) = (tmp_path / ".resumes").iterdir()
+        monkeypatch.delenv(CHOSEN)
+        monkeypatch.setattr(rank_zero_only, "rank", 1)  # the second task, which takes the first's choice
+        monkeypatch.setenv("SLURM_PROCID", "1")
+        assert run_to_resume(tmp_path, [older, newer]) == older
+        monkeypatch.setenv(CHOSEN, "")  # a process Lightning's launcher started from a first that starts anew
+        monkeypatch.delenv("SLURM_NTASKS")
+        assert run_to_resume(tmp_path, [older, newer]) is None
+        # torchrun's processes start on their own, with no way to hear the first's choice: none passes over.
+        monkeypatch.delenv(CHOSEN)
+        monkeypatch.setattr(rank_zero_only, "rank", 0)
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+        assert run_to_resume(tmp_path, [older, newer]) == newer
+    finally:
+        for holder in holders:
+            holder.stdin.close()
+            holder.wait(timeout=60)
+    assert trained_elsewhere(newer.parent.parent) is None, "let go when its process ended"
     release_run()
-    assert LAUNCH not in os.environ, "a command started later from this process is a launch of its own"
+    assert not told.exists(), "a choice told once, to this start of the job only"
 
 
 def test_the_resume_line_follows_a_saved_sigterm_only_and_names_the_command_run(monkeypatch, capsys, in_project_copy):
@@ -343,6 +366,9 @@ def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in
     for command in ("validate", "test", "predict"):
         message = refusal(monkeypatch, capsys, command, *TRAINER, *data(tiny_shapes))
         assert message.startswith("error: No checkpoint under ") and "train a model first" in message, message
+    # `auto`, which would start a fit anew, would evaluate the untrained weights.
+    message = refusal(monkeypatch, capsys, "test", *TRAINER, *data(tiny_shapes), "--ckpt_path=auto")
+    assert message == "error: --ckpt_path auto: there is no */checkpoints/last.ckpt under runs/resume. Train one."
 
 
 def test_an_evaluation_takes_the_model_of_its_checkpoint_not_a_backbone_changed_since(
@@ -419,7 +445,7 @@ def test_auto_without_a_run_starts_a_new_one(monkeypatch, in_project_copy, tiny_
 
 def test_last_without_a_run_says_how_to_start_one(monkeypatch, capsys, in_project_copy, tiny_shapes):
     message = refusal(monkeypatch, capsys, "fit", *TRAINER, *data(tiny_shapes), "--ckpt_path=last")
-    assert "--ckpt_path auto to start a new run" in message
+    assert "--ckpt_path auto to start one when there is none" in message
 
 
 def test_sigkill_mid_epoch_loses_only_the_work_since_the_last_checkpoint(in_project_copy, tiny_shapes, groups):

@@ -30,7 +30,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from .data import ImageDataModule, TooFewClassesError
@@ -57,7 +57,7 @@ from .training.resume import (
     run_root,
     saved_checkpoint,
 )
-from .training.run_folders import check_writable, hold_run, release_run
+from .training.run_folders import check_writable, hold_run, is_first_process, release_run
 {%- if cookiecutter.logger == "wandb" %}
 from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -196,13 +196,17 @@ def union_problem(message: str) -> str | None:
     given = re.search(r"^\s*Given value: (.+)$", message, re.MULTILINE)
     if not key or not given:
         return None
-    if literals := re.findall(r"Expected a typing\.Literal\[(.*)\]$", message, re.MULTILINE):
+    # jsonargparse drops " a " from its reasons when the value given is "a".
+    expected = re.findall(r"^\s*- Expected (?:a )?(.+)$", message, re.MULTILINE)
+    literals = [found.group(1) for line in expected if (found := re.fullmatch(r"typing\.Literal\[(.*)\]", line))]
+    if literals and len(literals) == len([line for line in expected if line != "NoneType"]):
         values = dict.fromkeys(value.strip(" '") for group in literals for value in group.split(","))
         return f"--{key.group(1)}: {given.group(1)} is none of {', '.join(values)}"
-    if re.search(rf"Expected a dot import path string: {re.escape(given.group(1))}$", message, re.MULTILINE):
+    if f"dot import path string: {given.group(1)}" in expected:
         from lightning.pytorch import callbacks, loggers
 
-        classes = loggers.__all__ if key.group(1).endswith("logger") else callbacks.__all__
+        bases = {"logger": loggers.__all__, "callbacks": callbacks.__all__}
+        classes = next((names for end, names in bases.items() if key.group(1).endswith(end)), [])
         if close := likely_meant(given.group(1), list(classes), n=1):
             return f"--{key.group(1)}: no class {given.group(1)!r}. Did you mean {close}?"
     return None
@@ -625,11 +629,13 @@ def model_options_given(args: list[str]) -> set[str]:
         elif option == "--model":
             value = value if has_value else next(iter(args[index + 1 :]), "")
             try:
-                whole = yaml.safe_load(Path(value).read_text() if Path(value).is_file() else value)
-            except (OSError, ValueError, yaml.YAMLError):
-                continue  # the parser has already refused what it cannot read
-            if isinstance(whole, dict):
-                names |= set(whole.get("init_args", whole))
+                text = Path(value).read_text()
+            except OSError:  # YAML given inline (too long a name for a file, or none)
+                text = value
+            with contextlib.suppress(yaml.YAMLError):  # the parser has already refused what it cannot read
+                whole = yaml.safe_load(text)
+                whole = whole.get("init_args") or whole if isinstance(whole, dict) else {}
+                names |= set(whole) if isinstance(whole, dict) else set()
     return names
 
 
@@ -640,12 +646,6 @@ def finish_wandb_run(exit_code: int | None = None) -> None:
     wandb = sys.modules.get("wandb")  # not imported just to find no run
     if wandb is not None and wandb.run is not None:
         wandb.finish(exit_code=exit_code)
-
-
-def is_first_process() -> bool:
-    """Rank 0 of the whole run, known before the trainer is (Lightning's rank from RANK, LOCAL_RANK or
-    SLURM_PROCID; a launch by hand on each node sets only NODE_RANK beside LOCAL_RANK)."""
-    return rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def run_command(command: list[str], args: list[str] | None) -> None:

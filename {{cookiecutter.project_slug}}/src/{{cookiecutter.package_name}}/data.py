@@ -608,7 +608,7 @@ def train_folder(data_dir: Path) -> Path:
     """The folder of the training class folders: data_dir/train, or data_dir itself."""
     if not data_dir.is_dir():
         draw = ""
-        if is_built_in(data_dir):  # data.synthetic draws only there: elsewhere it is no fix
+        if is_built_in(data_dir) and not data_dir.exists():  # data.synthetic draws only there: elsewhere no fix
             draw = ", or set --data.synthetic=true to draw the built-in shapes dataset there"
         raise MissingError(
             f"Data folder {data_dir} {'is a file' if data_dir.exists() else 'does not exist'}. Point --data.data_dir "

@@ -13,6 +13,8 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.loggers.logger import DummyLogger
 from torchmetrics.classification import MulticlassConfusionMatrix
 
+from .run_folders import logger_run_folder
+
 
 def report_folder(trainer: L.Trainer) -> Path | None:
     """The run's folder (beside checkpoints/), where the run's other files are; None for a run that
@@ -23,9 +25,8 @@ def report_folder(trainer: L.Trainer) -> Path | None:
     # Lightning's finders log to a DummyLogger, which keeps nothing.
     if not trainer.loggers or isinstance(logger := trainer.loggers[0], DummyLogger):
         return None
-    # Where Lightning puts a run's checkpoints (trainer.log_dir is the folder all runs share for W&B).
-    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
-    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version / "reports"
+    # Not trainer.log_dir, which for W&B is the folder all runs share.
+    return logger_run_folder(logger, trainer.default_root_dir) / "reports"
 
 
 def per_class_accuracy(matrix: torch.Tensor) -> list[float]:

@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..errors import PACKAGE, ConfigError, DataError, MissingError, likely_meant
 from ..hardware.network import is_remote
 from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
-from .run_folders import best_checkpoint, finished, held_elsewhere, hold_run, last_checkpoints
+from .run_folders import best_checkpoint, finished, hold_run, last_checkpoints, run_to_resume
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
 HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method"
@@ -67,19 +67,20 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         rank_zero_info(f"--ckpt_path {requested or 'best (the default)'}: evaluating {config.ckpt_path}")
     elif requested in RESUME_WORDS:
         root, runs = runs_of(config, logger)
-        found = [last for last in runs if not finished(last)] if requested == "auto" and subcommand == "fit" else runs
-        # Another job's run, being trained (two jobs of the SLURM script in one project): not this one's.
-        while requested == "auto" and found and (holder := held_elsewhere(found[-1].parent.parent)):
-            rank_zero_info(f"--ckpt_path auto: {found.pop().parent.parent} is in use by {holder}, not resuming it")
+        found, unfinished = runs, [last for last in runs if not finished(last)]
+        if requested == "auto" and subcommand == "fit":
+            chosen = run_to_resume(root, unfinished)
+            found = [chosen] if chosen else []
         if not found:
-            if requested == "last":
-                raise MissingError(
-                    f"--ckpt_path last: there is no */checkpoints/last.ckpt under {root}. "
-                    "Use --ckpt_path auto to start a new run when there is none."
-                )
-            unfinished = " that did not finish" if runs else ""
-            further = " (to train the newest further: --ckpt_path last --trainer.max_epochs=<more>)" if runs else ""
-            rank_zero_info(f"--ckpt_path auto: no run{unfinished} under {root}, so this is a new run{further}")
+            if requested == "last" or subcommand != "fit":  # an evaluation would take untrained weights
+                fix = "Train one." if subcommand != "fit" else "Use --ckpt_path auto to start one when there is none."
+                raise MissingError(f"--ckpt_path {requested}: there is no */checkpoints/last.ckpt under {root}. {fix}")
+            if unfinished:  # each one passed over: other processes train them
+                rank_zero_info(f"--ckpt_path auto: every unfinished run under {root} is being trained: a new run")
+            else:
+                none = " that did not finish" if runs else ""
+                further = " (to train the newest further: --ckpt_path last --trainer.max_epochs=<more>)" if runs else ""
+                rank_zero_info(f"--ckpt_path auto: no run{none} under {root}, so this is a new run{further}")
             config.ckpt_path = None
             return False
         config.ckpt_path = str(found[-1])

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from ..errors import PACKAGE, ConfigError, MissingError
 from .checkpoint_io import complete_replace, write_whole
@@ -28,18 +29,28 @@ if os.name == "nt":
     import msvcrt
 
     # Windows' locks keep readers out of the bytes they lock: one byte past the holder's name.
-    def _try_lock(fd: int) -> None:
+    def _lock(fd: int, mode: int = msvcrt.LK_NBLCK) -> None:
         os.lseek(fd, 2**20, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        msvcrt.locking(fd, mode, 1)
+
+    def _try_lock(fd: int) -> None:
+        _lock(fd)
+
+    def _probe(fd: int) -> None:
+        _lock(fd, msvcrt.LK_NBRLCK)
+        _lock(fd, msvcrt.LK_UNLCK)
 
     def _unlock(fd: int) -> None:
-        os.lseek(fd, 2**20, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        _lock(fd, msvcrt.LK_UNLCK)
 else:
     import fcntl
 
     def _try_lock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def _probe(fd: int) -> None:  # shared: two processes probing never see each other as the holder
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _unlock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -48,8 +59,19 @@ else:
 _held: dict[Path, int] = {}
 # What locking raises where another process holds the lock; anything else is a file system without locks.
 HELD_ELSEWHERE = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES, errno.EDEADLK}
-# The launch of the process holding a run, for the processes Lightning's launcher starts from it.
-LAUNCH = f"{PACKAGE.upper()}_LAUNCH"
+# The last.ckpt `fit --ckpt_path auto` resumes ("" for a new run), as the first process chose it, in
+# the environment of the processes Lightning's launcher starts from it: they take it, not choose again.
+CHOSEN = f"{PACKAGE.upper()}_RESUMES"
+CHOICE_SECONDS = 300  # how long a SLURM job's other tasks wait for the first one's choice
+HOLD_SECONDS = 1.0  # how long hold_run waits out another process's look at the lock (trained_elsewhere)
+_told: list[Path] = []  # the choices this process wrote for the other tasks of its SLURM job
+
+
+def logger_run_folder(logger: Logger, default_root_dir: str) -> Path:
+    """A logger's folder for its run, where Lightning puts the run's checkpoints: save_dir/name/version
+    (W&B's project and run id)."""
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return Path(logger.save_dir or default_root_dir) / str(logger.name) / version
 
 
 def last_checkpoints(root: Path) -> list[Path]:
@@ -100,15 +122,16 @@ def hold_run(run: Path, command: str) -> None:
         return
     run.mkdir(parents=True, exist_ok=True)
     fd = os.open(run / IN_USE, os.O_RDWR | os.O_CREAT, 0o644)
-    for attempt in range(10):  # another launch's check (held_elsewhere) holds the lock for a moment
+    deadline = time.monotonic() + HOLD_SECONDS
+    while True:
         try:
             _try_lock(fd)
             break
         except OSError as error:
-            if error.errno in HELD_ELSEWHERE and attempt < 9:
+            if error.errno in HELD_ELSEWHERE and time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
-            holder, _ = named_in(fd)
+            holder = holder_named(fd)
             os.close(fd)
             if error.errno not in HELD_ELSEWHERE:
                 rank_zero_warn(f"{run} cannot be locked ({error.strerror}): nothing keeps a second command out of it.")
@@ -119,53 +142,90 @@ def hold_run(run: Path, command: str) -> None:
                 "it is logged as a run of its own."
             ) from None
     release_run()
-    os.environ[LAUNCH] = launch = launch_id()  # Lightning's launcher starts the other processes with it
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, f"process {os.getpid()} ({command}, since {time.strftime('%H:%M:%S')})\n{launch}".encode())
+    holder = f"process {os.getpid()} on {socket.gethostname()} ({command}, since {time.strftime('%H:%M:%S')})"
+    os.write(fd, holder.encode())
+    os.fsync(fd)  # for the other machines of a cluster, which read it through the file system
     _held[run] = fd
 
 
-def named_in(fd: int) -> tuple[str, str]:
-    """The process that an .in_use file names and its launch (empty once let go)."""
+def holder_named(fd: int) -> str:
+    """The process that an .in_use file names (empty once let go)."""
     os.lseek(fd, 0, os.SEEK_SET)
-    holder, _, launch = os.read(fd, 400).decode(errors="replace").partition("\n")
-    return holder.strip(), launch
+    return os.read(fd, 400).decode(errors="replace").strip()
 
 
-def launch_id() -> str:
-    """What the processes of one launch share and no other launch does: the SLURM job, torchrun's
-    rendezvous, or the first process, which Lightning's launcher names to the others (LAUNCH)."""
-    env = os.environ
-    if "SLURM_JOB_ID" in env:
-        return f"slurm job {env['SLURM_JOB_ID']}"
-    if "TORCHELASTIC_RUN_ID" in env:
-        return f"torchrun {env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
-    return env.get(LAUNCH) or f"process {os.getpid()} on {socket.gethostname()}"
-
-
-def held_elsewhere(run: Path) -> str | None:
-    """The process holding `run` when it is another launch's (a second job in the project), else None.
-    Every process of a launch answers alike: the one holding the run is this launch's first."""
+def trained_elsewhere(run: Path) -> str | None:
+    """The process training `run` when another process's fit holds it (another job in this project),
+    else None. A run held by an evaluation is no other run's to pass over: it ends soon, hold_run says."""
     run = run.resolve()
     if run in _held:
         return None
     try:
-        fd = os.open(run / IN_USE, os.O_RDWR)
+        fd = os.open(run / IN_USE, os.O_RDONLY)
     except OSError:
-        return None  # never held, or not ours to lock: hold_run will say
+        return None  # never held; one that cannot be read, hold_run will name
     try:
-        holder, launch = named_in(fd)
-        if not holder or launch == launch_id():
-            return None
-        try:
-            _try_lock(fd)
-        except OSError as error:
-            return holder if error.errno in HELD_ELSEWHERE else None
-        _unlock(fd)
+        _probe(fd)
         return None
+    except OSError as error:
+        holder = holder_named(fd) if error.errno in HELD_ELSEWHERE else ""
+        return holder if " (fit, since " in holder else None
     finally:
         os.close(fd)
+
+
+def is_first_process() -> bool:
+    """Rank 0 of the whole run, known before the trainer is (Lightning's rank from RANK, LOCAL_RANK or
+    SLURM_PROCID; a launch by hand on each node sets only NODE_RANK beside LOCAL_RANK)."""
+    return rank_zero_only.rank == 0 and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def run_to_resume(root: Path, unfinished: list[Path]) -> Path | None:
+    """The last.ckpt that `fit --ckpt_path auto` resumes, of the unfinished runs' (oldest first), the
+    same on every process: the newest that no other fit is training, as the first process finds it.
+    The processes that Lightning's launcher starts from the first take its choice from their
+    environment, a SLURM job's other tasks from a file it writes for them. Where processes start on
+    their own otherwise (torchrun, by hand on each node), none passes over a run: each finds the same."""
+    env, first = os.environ, is_first_process()
+    if not first and CHOSEN in env:
+        return Path(env[CHOSEN]) if env[CHOSEN] else None
+    tasks = int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env
+    # Each start of a job's tasks has a name of its own: a requeue counts its restarts.
+    start = (env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID"), env.get("SLURM_RESTART_COUNT", "0"))
+    told = root / ".resumes" / ".".join(map(str, start))
+    if tasks and not first:
+        return wait_for_choice(told)
+    apart = int(env.get("WORLD_SIZE", "1")) > 1 or "NODE_RANK" in env or "TORCHELASTIC_RUN_ID" in env
+    if not first or (apart and not tasks):
+        return unfinished[-1] if unfinished else None
+    chosen = next((last for last in reversed(unfinished) if not passed_over(last)), None)
+    env[CHOSEN] = str(chosen or "")
+    if tasks:
+        told.parent.mkdir(parents=True, exist_ok=True)
+        write_whole(told, str(chosen or ""))
+        _told.append(told)
+    return chosen
+
+
+def passed_over(last: Path) -> bool:
+    if holder := trained_elsewhere(last.parent.parent):
+        rank_zero_info(f"--ckpt_path auto: {last.parent.parent} is being trained by {holder}: a run of its own")
+    return bool(holder)
+
+
+def wait_for_choice(told: Path) -> Path | None:
+    deadline = time.monotonic() + CHOICE_SECONDS
+    while not told.is_file():
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"--ckpt_path auto: the job's first task did not say within {CHOICE_SECONDS} s which run it resumes "
+                f"(in {told}). Every node must see the runs folder (a shared file system)."
+            )
+        time.sleep(0.2)
+    chosen = told.read_text()
+    return Path(chosen) if chosen else None
 
 
 def release_run() -> None:
@@ -173,9 +233,13 @@ def release_run() -> None:
     for fd in _held.values():
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)  # names no process once none holds it
+            _unlock(fd)  # at once: Windows lets go of a closed file's lock when it gets to it
         os.close(fd)
     _held.clear()
-    os.environ.pop(LAUNCH, None)
+    for told in _told:
+        told.unlink(missing_ok=True)
+    _told.clear()
+    os.environ.pop(CHOSEN, None)
 
 
 def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:

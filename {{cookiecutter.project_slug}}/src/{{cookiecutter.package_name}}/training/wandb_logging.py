@@ -15,6 +15,7 @@ from ..errors import PACKAGE
 from ..hardware.network import reachable
 from .csv_logging import AppendingExperimentWriter
 from .resume import SaveConfigWhole
+from .run_folders import logger_run_folder
 
 
 def go_offline_unless_reachable() -> None:
@@ -48,11 +49,6 @@ def has_api_key() -> bool:
 
 def _server() -> str:
     return urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
-
-
-def run_folder(logger: WandbLogger) -> Path:
-    """The folder of a W&B run's checkpoints, config and metrics: <save_dir>/<project>/<run id>."""
-    return Path(logger.save_dir) / str(logger.name) / str(logger.version)
 
 
 class BestModelWandbLogger(WandbLogger):
@@ -111,7 +107,7 @@ class BestModelWandbLogger(WandbLogger):
         if not numbers:
             return
         if self._local_metrics is None:
-            self._local_metrics = AppendingExperimentWriter(log_dir=str(run_folder(self)))
+            self._local_metrics = AppendingExperimentWriter(log_dir=str(logger_run_folder(self, ".")))
         self._local_metrics.log_metrics(numbers, step)
 
     @rank_zero_only
@@ -161,7 +157,7 @@ class SaveConfigToRun(SaveConfigWhole):
 
     def run_folder(self, trainer, log_dir: str) -> Path:
         if isinstance(trainer.logger, WandbLogger):
-            return run_folder(trainer.logger)
+            return logger_run_folder(trainer.logger, trainer.default_root_dir)
         return super().run_folder(trainer, log_dir)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
