@@ -126,7 +126,7 @@ def test_a_run_in_use_is_refused_to_a_second_writer_until_its_process_ends(
     saved = (run / "checkpoints" / "last.ckpt").read_bytes()
     run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), "--ckpt_path=auto", "--trainer.max_epochs=1",
             "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1")  # fmt: skip
-    assert f"{run.relative_to(in_project_copy)} is being trained by process {fit.pid} on " in caplog.text
+    assert f"passing over {run.relative_to(in_project_copy)}, which process {fit.pid} on " in caplog.text
     (other,) = {last.parent.parent for last in in_project_copy.glob("runs/*/*/checkpoints/last.ckpt")} - {run}
     assert (other / "checkpoints" / "finished.json").is_file()
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == saved
@@ -199,7 +199,7 @@ def test_auto_passes_over_a_run_another_fit_trains_and_every_task_of_a_job_takes
             holder.wait(timeout=60)
     assert trained_elsewhere(newer.parent.parent) is None, "let go when its process ended"
     release_run()
-    assert not told.exists(), "a choice told once, to this start of the job only"
+    assert not told.parent.exists(), "a choice told once, to this start of the job only"
 
 
 def test_the_resume_line_follows_a_saved_sigterm_only_and_names_the_command_run(monkeypatch, capsys, in_project_copy):

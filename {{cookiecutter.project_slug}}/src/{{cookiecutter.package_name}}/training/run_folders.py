@@ -158,7 +158,7 @@ def holder_named(fd: int) -> str:
 
 def trained_elsewhere(run: Path) -> str | None:
     """The process training `run` when another process's fit holds it (another job in this project),
-    else None. A run held by an evaluation is no other run's to pass over: it ends soon, hold_run says."""
+    else None. A run an evaluation holds is not passed over: the evaluation ends soon, hold_run says so."""
     run = run.resolve()
     if run in _held:
         return None
@@ -211,7 +211,7 @@ def run_to_resume(root: Path, unfinished: list[Path]) -> Path | None:
 
 def passed_over(last: Path) -> bool:
     if holder := trained_elsewhere(last.parent.parent):
-        rank_zero_info(f"--ckpt_path auto: {last.parent.parent} is being trained by {holder}: a run of its own")
+        rank_zero_info(f"--ckpt_path auto: passing over {last.parent.parent}, which {holder} is training")
     return bool(holder)
 
 
@@ -238,6 +238,8 @@ def release_run() -> None:
     _held.clear()
     for told in _told:
         told.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # another start's choice is still there
+            told.parent.rmdir()
     _told.clear()
     os.environ.pop(CHOSEN, None)
 
