@@ -98,34 +98,41 @@ def test_ddp_splits_the_data_into_one_run(in_project_copy, uneven_shapes):
     assert sorted(paths) == sorted(str(path) for path in (uneven_shapes / "test").glob("*/*.png"))
 
 
-def test_every_process_resumes_the_run_its_first_one_holds_and_passes_over_another_jobs(in_project_copy, tiny_shapes):
-    # Two jobs in one project: this one's run stopped, another job trains a newer one. Lightning's
-    # launcher starts rank 1 once rank 0 holds the stopped run: rank 1 must take that run too.
-    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 3}})
-    one_epoch = [*ON_CPU, *CSV_LOGGER, "--trainer.max_epochs=1", "--trainer.limit_val_batches=1", *data(tiny_shapes)]
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *one_epoch]
-    stopped = run_group([*command, "--trainer.devices=1", f"--trainer.callbacks+={sigterm}"], TIMEOUT,
-                        cwd=in_project_copy, env=command_env())  # fmt: skip
-    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
-    (ours,) = (in_project_copy / "runs" / "dist").iterdir()
-    theirs = ours.with_name("version_9")
-    shutil.copytree(ours, theirs)
-    os.utime(theirs / "checkpoints" / "last.ckpt")  # the newer run
+@pytest.mark.parametrize("launcher", ["lightning", "slurm"])
+def test_every_process_resumes_the_run_its_first_one_chose_passing_over_another_jobs(
+    in_project_copy, tiny_shapes, launcher
+):
+    # Two jobs in one project: this one's run stopped, another job trains a newer one. Each process of
+    # the resume must take the run the first one chose, not choose again (the runs' locks have changed
+    # by then): those Lightning's launcher starts from it, and a SLURM job's other tasks.
+    one_epoch = ["--trainer.max_epochs=1", "--trainer.limit_val_batches=1", *data(tiny_shapes)]
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *ON_CPU, *CSV_LOGGER, *one_epoch]
+    for step in (3, 6):  # ours stopped after step 4, theirs, newer, after step 7
+        sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": step}})
+        stopped = run_group([*command, "--trainer.devices=1", f"--trainer.callbacks+={sigterm}"], TIMEOUT,
+                            cwd=in_project_copy, env=command_env())  # fmt: skip
+        assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
+    ours, theirs = sorted((in_project_copy / "runs" / "dist").iterdir())
     script = "import sys, pathlib; from {{ cookiecutter.package_name }}.training.run_folders import hold_run; "
     script += f"hold_run(pathlib.Path({str(theirs)!r}), 'fit'); print('held', flush=True); sys.stdin.read()"
     holder = subprocess.Popen([sys.executable, "-c", script], env=command_env(), stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    ranks = in_project_copy / "ranks"
     try:
         assert holder.stdout.readline() == "held\n"
-        ranks = in_project_copy / "ranks"
-        fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *one_epoch, "--trainer.devices=2", record(ranks),
-            "--ckpt_path=auto")  # fmt: skip
+        if launcher == "lightning":
+            fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, *CSV_LOGGER, *one_epoch,
+                "--trainer.devices=2", record(ranks), "--ckpt_path=auto")  # fmt: skip
+        else:
+            job = fake_slurm(in_project_copy, tasks=2, job_id="778")
+            result = sbatch(in_project_copy, job, *one_epoch, record(ranks))
+            assert result.returncode == 0, result.stderr[-4000:]
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
     assert [process["start_step"] for process in seen(ranks)] == [4, 4]
     assert sorted((in_project_copy / "runs" / "dist").iterdir()) == [ours, theirs]
-    assert torch.load(theirs / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4, "not trained"
+    assert torch.load(theirs / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7, "not trained"
 
 
 def by_hand(logits: torch.Tensor, labels: torch.Tensor, stage: str) -> dict[str, float]:

@@ -141,7 +141,7 @@ def hold_run(run: Path, command: str) -> None:
                 "checkpoints meanwhile, copy the file out of the runs folder and pass --ckpt_path <copy>: "
                 "it is logged as a run of its own."
             ) from None
-    release_run()
+    let_go_held()
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     holder = f"process {os.getpid()} on {socket.gethostname()} ({command}, since {time.strftime('%H:%M:%S')})"
@@ -229,19 +229,23 @@ def wait_for_choice(told: Path) -> Path | None:
 
 
 def release_run() -> None:
-    """Let go of the run this process holds: the command that wrote into it has ended."""
-    for fd in _held.values():
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)  # names no process once none holds it
-            _unlock(fd)  # at once: Windows lets go of a closed file's lock when it gets to it
-        os.close(fd)
-    _held.clear()
+    """Let go of the run this process holds, and of the choice it told: the command has ended."""
+    let_go_held()
     for told in _told:
         told.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # another start's choice is still there
             told.parent.rmdir()
     _told.clear()
     os.environ.pop(CHOSEN, None)
+
+
+def let_go_held() -> None:
+    for fd in _held.values():
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # names no process once none holds it
+            _unlock(fd)  # at once: Windows lets go of a closed file's lock when it gets to it
+        os.close(fd)
+    _held.clear()
 
 
 def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:
