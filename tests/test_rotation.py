@@ -1,4 +1,4 @@
-"""The slow tests that run on alternate days: each on exactly one day of the rotation, the days' shares even."""
+"""The slow tests that run in turn: each on exactly one day of the rotation, no day longer than it must be."""
 
 import collections
 import re
@@ -18,7 +18,8 @@ def test_each_rotated_test_runs_on_one_day_and_the_days_take_about_as_long():
     totals = collections.Counter()
     for name, day in days.items():
         totals[day] += seconds[name]
-    assert max(totals.values()) - min(totals.values()) <= 0.05 * sum(seconds.values())  # by name: 30 %
+    # No longer than the longest test or an even share, within 5 % (turns by name: 30 % longer).
+    assert max(totals.values()) <= 1.05 * max(max(seconds.values()), sum(seconds.values()) / ROTATION_DAYS)
     assert rotation_day(dict(reversed(seconds.items()))) == days, "the day follows the times, not the order"
 
 
