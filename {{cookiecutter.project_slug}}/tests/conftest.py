@@ -20,6 +20,7 @@ from {{ cookiecutter.package_name }}.data import usable_cpus
 from {{ cookiecutter.package_name }}.datasets.shapes import draw_shapes_dataset
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_PLACES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")
 # The tests run on CPU whatever hardware the project was generated for.
 ON_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true"]
 
@@ -35,6 +36,10 @@ def on_data(data_dir: Path, batch_size: int = 8) -> list[str]:
 
 # Tests never talk to a W&B server, whatever the machine's login.
 os.environ["WANDB_MODE"] = "offline"
+# pytest started from a shell inside a SLURM allocation or a torchrun job inherits what they set to place
+# a process among a job's; the tests and the commands they start are processes of their own.
+for name in [name for name in os.environ if name.startswith(("SLURM_", "TORCHELASTIC_")) or name in LAUNCH_PLACES]:
+    del os.environ[name]
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One thread per worker, for its own tests and the processes they start: two workers with torch's

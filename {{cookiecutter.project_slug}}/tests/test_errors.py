@@ -41,7 +41,7 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--ckpt_path=last"], "--ckpt_path last: there is no */checkpoints/last.ckpt"),
         (["--data.data_dir=data/shpes", "--data.synthetic=true"], "Data folder data/shpes does not exist: fix"),
         (["--ckpt_path=configs/default.yaml"], "configs/default.yaml is not a Lightning checkpoint"),
-        (["--data.batch_size=many"], "error: --data.batch_size: Expected a int. Got value: many"),
+        (["--data.batch_size=many"], "error: --data.batch_size: many is not a whole number"),
         (["--trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches must be 1 or more, got 0"),
         # Lightning's would replace the model's optimizer setup whole, or be ignored.
         (["--optimizer=SGD"], "error: --optimizer and --lr_scheduler are not used: the model makes its own"),
@@ -54,17 +54,18 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--trainer.accelerator=tpu"], "error: Requirement 'torch_xla"),  # TPUs train through torch_xla
         (["--model.nonsense=1"], "unrecognized arguments: --model.nonsense=1. Did you mean"),
         (["--model.backbon=resnet18"], "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone"),
-        (["--trainer.max_epochs=x"], "--trainer.max_epochs: Does not validate against any of the Union subtypes; - "),
         # A union's subtypes, said as the values it takes or the class likely meant, not type by type.
         (["--trainer.precision=17"], "error: --trainer.precision: 17 is none of 64, 32, 16, transformer-engine, "),
         (["--trainer.logger=TensorBoardLoger"], "error: --trainer.logger: no class 'TensorBoardLoger'. Did you mean "),
         (["--trainer.callbacks+=EarlyStoping"], "error: --trainer.callbacks: no class 'EarlyStoping'. Did you mean "),
-        # A union with other types than values keeps its reasons type by type (not "x is none of auto").
-        (["--data.num_workers=x"], "error: --data.num_workers: Does not validate against any of the Union subtypes"),
+        (["--data.num_workers=x"], "error: --data.num_workers: x is neither a whole number nor auto"),
+        (["--trainer.max_epochs=x"], "error: --trainer.max_epochs: x is neither a whole number nor null"),
+        (["--trainer.gradient_clip_val=x"], "error: --trainer.gradient_clip_val: x is neither a number nor null"),
+        (["--trainer.precision=a"], "error: --trainer.precision: a is none of 64, 32, 16, transformer-engine, "),
         # A logger's or a callback's option: the reason its class gives, not those of bool and None.
         (["--trainer.logger.save_dri=runs"], "Logger has no option 'save_dri'. Did you mean save_dir?"),
         ([EARLY_STOPPING, "--trainer.callbacks.patiense=3"], f"{PATIENSE}. Did you mean patience?"),
-        ([EARLY_STOPPING, "--trainer.callbacks.patience=many"], "error: --trainer.callbacks.patience: Expected a int"),
+        ([EARLY_STOPPING, "--trainer.callbacks.patience=many"], "--callbacks.patience: many is not a whole"),
         # What a callback's own __init__ refuses (a typo in a config file's mode:), named by its class.
         (
             [EARLY_STOPPING, "--trainer.callbacks.monitor=val/acc", "--trainer.callbacks.mode=maxx"],

@@ -119,6 +119,8 @@ def test_a_run_in_use_is_refused_to_a_second_writer_until_its_process_ends(
         message = refusal(monkeypatch, capsys, *second, *ON_CPU, *on_data(tiny_shapes))
         assert message.startswith(f"error: {run.resolve()} is in use by process {fit.pid} on "), message
         assert f"{socket.gethostname()} (fit, since " in message
+        meanwhile = "a run of your own (--ckpt_path auto passes" if second[0] == "fit" else "pass --ckpt_path <copy>"
+        assert meanwhile in message, message
     assert sorted(in_project_copy.glob("runs/*/*")) == loggers_runs, "no W&B run started"
     assert not (run / "config_test.yaml").exists()
 
@@ -202,6 +204,31 @@ def test_auto_passes_over_a_run_another_fit_trains_and_every_task_of_a_job_takes
     assert not told.parent.exists(), "a choice told once, to this start of the job only"
 
 
+def test_auto_passes_over_a_run_another_fit_trains_in_a_process_of_its_own(tmp_path):
+    older, newer = (tmp_path / name / "checkpoints" / "last.ckpt" for name in ("older", "newer"))
+    for last in (older, newer):
+        last.parent.mkdir(parents=True)
+        last.touch()
+    holder = hold_in_another_process(newer.parent.parent, "fit")
+    try:
+        assert run_to_resume(tmp_path, [older, newer]) == older
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        release_run()
+
+
+def test_the_tests_are_processes_of_their_own_when_started_inside_a_launchers_job(tmp_path):
+    # A shell in a torchrun job (or a SLURM allocation) sets what places a process among a job's: a
+    # test inheriting it would take the path of a job's processes (here: never pass over a run).
+    launched = command_env(TORCHELASTIC_RUN_ID="job", WORLD_SIZE="2", NODE_RANK="0")
+    test = f"{__file__}::test_auto_passes_over_a_run_another_fit_trains_in_a_process_of_its_own"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", test,
+               f"--basetemp={tmp_path / 'inner'}"]  # fmt: skip
+    done = subprocess.run(command, env=launched, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
 def test_the_resume_line_follows_a_saved_sigterm_only_and_names_the_command_run(monkeypatch, capsys, in_project_copy):
     def stopped_by_sigterm(saved: bool):
         def run(defaults: list[str], args: list[str] | None) -> None:
@@ -259,6 +286,24 @@ def test_last_on_a_finished_run_says_how_to_train_longer_and_touches_nothing(
                             f"To train it longer, raise the limit: fit {given.replace('=', ' ', 1)} "
                             "--trainer.max_epochs=<more>."), message  # fmt: skip
     assert sorted(in_project_copy.glob("runs/**/*")) == written, "no config_resumed_*.yaml, no logger's files"
+
+
+def test_auto_on_a_run_that_reached_its_limit_says_so_and_ends_touching_nothing(
+    monkeypatch, caplog, in_project_copy, tiny_shapes
+):
+    # A requeued job whose run ended before it could mark itself finished; then the limit lowered since.
+    two_epochs = ["--trainer.limit_val_batches=1", "--trainer.limit_train_batches=2", "--trainer.max_epochs=2"]
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *two_epochs)
+    (run,) = run_folders(in_project_copy)
+    (run / "checkpoints" / "finished.json").unlink()
+    written = {path: path.stat().st_mtime_ns for path in in_project_copy.glob("runs/**/*")}
+    for max_epochs in (2, 1):
+        caplog.clear()
+        run_command(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *two_epochs[:2],
+                    f"--trainer.max_epochs={max_epochs}", "--ckpt_path=auto")  # fmt: skip
+        assert f"already reached max_epochs={max_epochs}, so there is nothing left to train" in caplog.text
+        assert "resuming from" not in caplog.text
+        assert {path: path.stat().st_mtime_ns for path in in_project_copy.glob("runs/**/*")} == written
 
 
 def test_an_early_stop_is_said_by_its_run_and_not_by_the_run_that_trains_it_further(
@@ -389,9 +434,9 @@ def test_an_evaluation_takes_the_model_of_its_checkpoint_not_a_backbone_changed_
                 ["fit", f"--ckpt_path={last}", "--model.lr=0.5"])  # fmt: skip
     for command in commands:
         message = refusal(monkeypatch, capsys, *command, *ON_CPU, *on_data(tiny_shapes))
-        assert message.startswith("error: --model.lr 0.5: the model of --ckpt_path runs/"), message
-        assert message.endswith("is built as it was trained, with its own options. Leave them out, or start a new "
-                                "run without --ckpt_path."), message  # fmt: skip
+        assert message.startswith("error: --model.lr 0.5: the model of the checkpoint runs/"), message
+        fix = "start a new run without --ckpt_path" if command[0] == "fit" else "evaluate another checkpoint"
+        assert message.endswith(f"is built as it was trained, with its own options. Leave them out, or {fix}.")
 
 
 def test_an_evaluation_of_a_run_that_is_not_there_is_refused_not_taken_for_the_newest(

@@ -184,9 +184,15 @@ def condensed(message: str) -> str:
     if not lines:
         return message
     head = re.sub(r'^Parser key "([\w.]+)":', r"--\1:", lines[0])
+    one_type = re.fullmatch(r"Expected (?:a )?(\w+)\. Got value: (.*)", lines[1]) if lines[1:] else None
+    if one_type and one_type.group(1) in VALUE_TYPES:  # --data.batch_size=many
+        return f"{head} {one_type.group(2)} is not {VALUE_TYPES[one_type.group(1)]}"
     # The reasons of a union's subtypes ("- Option 'y' is not accepted"), and the value given.
     details = [line for line in lines[2:] if line.startswith(("- ", "Given value:"))]
     return "; ".join([" ".join([head, *lines[1:2]]), *details])
+
+
+VALUE_TYPES = {"int": "a whole number", "float": "a number", "bool": "true or false", "NoneType": "null"}
 
 
 def union_problem(message: str) -> str | None:
@@ -196,12 +202,24 @@ def union_problem(message: str) -> str | None:
     given = re.search(r"^\s*Given value: (.+)$", message, re.MULTILINE)
     if not key or not given:
         return None
-    # jsonargparse drops " a " from its reasons when the value given is "a".
+    # The subtypes, not the reasons, which jsonargparse words differently for some values ("a").
+    subtypes = re.search(r"^\s*Subtypes: \[(.*)\]$", message, re.MULTILINE)
+    takes: dict[str, None] = {}  # what the option takes, in words: a whole number, auto
+    for subtype in re.split(r",\s*(?![^\[]*\])", subtypes.group(1)) if subtypes else []:
+        if literal := re.fullmatch(r"typing\.Literal\[(.*)\]", subtype):
+            takes.update(dict.fromkeys(value.strip(" '") for value in literal.group(1).split(",")))
+        elif subtype in VALUE_TYPES:
+            takes[VALUE_TYPES[subtype]] = None
+        else:
+            takes.clear()  # a class among them: its reasons are the ones to give
+            break
+    if "a number" in takes:
+        takes.pop("a whole number", None)
+    if len(takes) > 1:
+        *others, last = takes
+        said = f"neither {others[0]} nor {last}" if not others[1:] else f"none of {', '.join(takes)}"
+        return f"--{key.group(1)}: {given.group(1)} is {said}"
     expected = re.findall(r"^\s*- Expected (?:a )?(.+)$", message, re.MULTILINE)
-    literals = [found.group(1) for line in expected if (found := re.fullmatch(r"typing\.Literal\[(.*)\]", line))]
-    if literals and len(literals) == len([line for line in expected if line != "NoneType"]):
-        values = dict.fromkeys(value.strip(" '") for group in literals for value in group.split(","))
-        return f"--{key.group(1)}: {given.group(1)} is none of {', '.join(values)}"
     if f"dot import path string: {given.group(1)}" in expected:
         from lightning.pytorch import callbacks, loggers
 
@@ -397,9 +415,10 @@ class ClassifierCLI(LightningCLI):
         dropped = [name for name in sorted(model_options_given(GIVEN)) if asked.get(name) != built.get(name)]
         if dropped:
             options = ", ".join(f"--model.{name} {asked.get(name)!r}" for name in dropped)
+            fix = "start a new run without --ckpt_path" if subcommand == "fit" else "evaluate another checkpoint"
             raise ConfigError(
-                f"{options}: the model of --ckpt_path {self.config[subcommand].ckpt_path} is built as it "
-                "was trained, with its own options. Leave them out, or start a new run without --ckpt_path."
+                f"{options}: the model of the checkpoint {self.config[subcommand].ckpt_path} is built as it "
+                f"was trained, with its own options. Leave them out, or {fix}."
             )
 
     def before_instantiate_classes(self) -> None:

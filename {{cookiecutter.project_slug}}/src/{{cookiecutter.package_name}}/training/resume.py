@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..errors import PACKAGE, ConfigError, DataError, MissingError, likely_meant
 from ..hardware.network import is_remote
 from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
-from .run_folders import best_checkpoint, finished, hold_run, last_checkpoints, run_to_resume
+from .run_folders import best_checkpoint, finished, hold_run, last_checkpoints, leave_choice, run_to_resume
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
 HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method"
@@ -84,19 +84,21 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
             config.ckpt_path = None
             return False
         config.ckpt_path = str(found[-1])
+        if subcommand == "fit" and (reached := limit_reached(found[-1], config.trainer)):
+            # Lightning would end at once with no word on how to go on, or fail past the limit. Asked
+            # for by `last`, a mistake; by `auto` (a requeued job whose run ended before it could say
+            # so), the job's work is done. Either way before the run's folder and logger are touched.
+            said = f"--ckpt_path {requested}: {found[-1].parent.parent} already reached {reached}, so there is "
+            said += f"nothing left to train. {raise_limit(reached, requested)}"
+            if requested == "last":
+                raise ConfigError(said)
+            rank_zero_info(said)
+            leave_choice()  # the job's other tasks may not have read it yet
+            raise SystemExit(0)
         doing = "resuming from" if subcommand == "fit" else "evaluating"
         rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
         if subcommand == "fit" and not config.get(ALLOW_CHANGES):
             check_same_options(config, found[-1].parent.parent, requested)
-        if subcommand == "fit" and (reached := limit_reached(found[-1], config.trainer)):
-            # Lightning would end at once with no word on how to go on. Asked for by `last`, a mistake
-            # refused before the run's folder and logger are touched; by `auto` (a requeued job whose
-            # run ended before it could say so), the job's work is done.
-            said = f"That run already reached {reached}, so there is nothing left to train. "
-            said += raise_limit(reached, requested)
-            if requested == "last":
-                raise ConfigError(said)
-            rank_zero_info(said)
     elif subcommand == "fit":
         # A checkpoint given by path starts a new run from it (a copied file), from its epoch on.
         if requested and Path(requested).is_file() and (reached := limit_reached(Path(requested), config.trainer)):

@@ -136,10 +136,13 @@ def hold_run(run: Path, command: str) -> None:
             if error.errno not in HELD_ELSEWHERE:
                 rank_zero_warn(f"{run} cannot be locked ({error.strerror}): nothing keeps a second command out of it.")
                 return
+            meanwhile = (
+                "train a run of your own (--ckpt_path auto passes over a run in use)"
+                if command == "fit"
+                else "copy the checkpoint out of the runs folder and pass --ckpt_path <copy> (a run of its own)"
+            )
             raise ConfigError(
-                f"{run} is in use by {holder or 'another process'}: wait until it ends. To evaluate one of its "
-                "checkpoints meanwhile, copy the file out of the runs folder and pass --ckpt_path <copy>: "
-                "it is logged as a run of its own."
+                f"{run} is in use by {holder or 'another process'}: wait until it ends, or meanwhile {meanwhile}."
             ) from None
     let_go_held()
     os.ftruncate(fd, 0)
@@ -237,6 +240,12 @@ def release_run() -> None:
             told.parent.rmdir()
     _told.clear()
     os.environ.pop(CHOSEN, None)
+
+
+def leave_choice() -> None:
+    """Leave the choice told to the job's other tasks where it is, for them to read: this process ends
+    before they would start training with it."""
+    _told.clear()
 
 
 def let_go_held() -> None:
