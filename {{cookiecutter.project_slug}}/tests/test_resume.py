@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from {{ cookiecutter.package_name }} import cli
+from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
 from {{ cookiecutter.package_name }}.training import checkpoint_io, resume
 from {{ cookiecutter.package_name }}.training.run_folders import (
@@ -151,6 +153,16 @@ def test_a_run_let_go_names_no_process_and_a_file_system_without_locks_refuses_n
     with pytest.warns(UserWarning, match=r"run cannot be locked \(Function not implemented\): nothing keeps"):
         hold_run(tmp_path / "run", "test")
     release_run()
+
+
+def test_another_users_run_is_refused_in_one_line_that_says_what_to_do_instead(monkeypatch, tmp_path):
+    def not_this_users(path, flags, mode=0o777):  # root, which runs CI, may write anywhere
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "open", not_this_users)
+    for command, instead in (("test", "pass --ckpt_path <copy>"), ("fit", "train a run of your own")):
+        with pytest.raises(ConfigError, match=f"run cannot be written by this user: .*{re.escape(instead)}"):
+            hold_run(tmp_path / "run", command)
 
 
 def hold_in_another_process(run: Path, command: str) -> subprocess.Popen:

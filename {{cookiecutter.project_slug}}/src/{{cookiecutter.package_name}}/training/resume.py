@@ -200,7 +200,8 @@ def resume_command(given: list[str]) -> str:
 
 def raise_limit(reached: str, requested: str) -> str:
     """How to train further a run that reached `reached` (a limit_reached answer)."""
-    return f"To train it longer, raise the limit: fit --ckpt_path {requested} --trainer.{reached.split('=')[0]}=<more>."
+    limit = reached.split("=")[0]
+    return f"To train it longer, raise the limit: fit --ckpt_path {shlex.quote(requested)} --trainer.{limit}=<more>."
 
 
 def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:

@@ -120,8 +120,11 @@ def hold_run(run: Path, command: str) -> None:
     run = run.resolve()
     if run in _held:
         return
-    run.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run / IN_USE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run / IN_USE, os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError:  # another user's run, in a project folder they share
+        raise ConfigError(f"{run} cannot be written by this user: {instead(command)}") from None
     deadline = time.monotonic() + HOLD_SECONDS
     while True:
         try:
@@ -136,13 +139,8 @@ def hold_run(run: Path, command: str) -> None:
             if error.errno not in HELD_ELSEWHERE:
                 rank_zero_warn(f"{run} cannot be locked ({error.strerror}): nothing keeps a second command out of it.")
                 return
-            meanwhile = (
-                "train a run of your own (--ckpt_path auto passes over a run in use)"
-                if command == "fit"
-                else "copy the checkpoint out of the runs folder and pass --ckpt_path <copy> (a run of its own)"
-            )
             raise ConfigError(
-                f"{run} is in use by {holder or 'another process'}: wait until it ends, or meanwhile {meanwhile}."
+                f"{run} is in use by {holder or 'another process'}: wait until it ends, or meanwhile {instead(command)}"
             ) from None
     let_go_held()
     os.ftruncate(fd, 0)
@@ -151,6 +149,13 @@ def hold_run(run: Path, command: str) -> None:
     os.write(fd, holder.encode())
     os.fsync(fd)  # for the other machines of a cluster, which read it through the file system
     _held[run] = fd
+
+
+def instead(command: str) -> str:
+    """What `command` can do where it cannot write into a run."""
+    if command == "fit":
+        return "train a run of your own (--ckpt_path auto passes over a run in use)."
+    return "copy the checkpoint out of the runs folder and pass --ckpt_path <copy> (a run of its own)."
 
 
 def holder_named(fd: int) -> str:
