@@ -25,7 +25,16 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..errors import PACKAGE, ConfigError, DataError, MissingError, likely_meant
 from ..hardware.network import is_remote
 from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
-from .run_folders import best_checkpoint, finished, hold_run, last_checkpoints, leave_choice, run_to_resume
+from .run_folders import (
+    best_checkpoint,
+    finished,
+    hold_run,
+    in_use,
+    last_checkpoints,
+    leave_choice,
+    run_to_resume,
+    trained_elsewhere,
+)
 
 # Options that change how the data is read, not what is trained on: a resume may change them.
 HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_method"
@@ -84,6 +93,8 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
             config.ckpt_path = None
             return False
         config.ckpt_path = str(found[-1])
+        if subcommand == "fit" and requested == "last" and (holder := trained_elsewhere(found[-1].parent.parent)):
+            raise in_use(found[-1].parent.parent.resolve(), holder, subcommand)  # before its limit, moot meanwhile
         if subcommand == "fit" and (reached := limit_reached(found[-1], config.trainer)):
             # Lightning would end at once with no word on how to go on, or fail past the limit. Asked
             # for by `last`, a mistake; by `auto` (a requeued job whose run ended before it could say

@@ -139,9 +139,7 @@ def hold_run(run: Path, command: str) -> None:
             if error.errno not in HELD_ELSEWHERE:
                 rank_zero_warn(f"{run} cannot be locked ({error.strerror}): nothing keeps a second command out of it.")
                 return
-            raise ConfigError(
-                f"{run} is in use by {holder or 'another process'}: wait until it ends, or meanwhile {instead(command)}"
-            ) from None
+            raise in_use(run, holder, command) from None
     let_go_held()
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
@@ -149,6 +147,11 @@ def hold_run(run: Path, command: str) -> None:
     os.write(fd, holder.encode())
     os.fsync(fd)  # for the other machines of a cluster, which read it through the file system
     _held[run] = fd
+
+
+def in_use(run: Path, holder: str, command: str) -> ConfigError:
+    said = f"{run} is in use by {holder or 'another process'}: wait until it ends, or meanwhile {instead(command)}"
+    return ConfigError(said)
 
 
 def instead(command: str) -> str:
