@@ -368,18 +368,27 @@ def test_auto_continues_the_newest_unfinished_run_not_a_newer_finished_one(
     assert len(run_folders(in_project_copy)) == 3, "every run had finished: a new one"
 
 
-def test_auto_refuses_to_continue_a_run_with_other_data_or_model_options(
-    monkeypatch, capsys, in_project_copy, tiny_shapes
+def test_auto_refuses_to_continue_a_run_with_other_data_model_or_schedule_options(
+    monkeypatch, capsys, caplog, in_project_copy, tiny_shapes
 ):
     run = interrupted_run(monkeypatch, in_project_copy, tiny_shapes)
     capsys.readouterr()  # what the interrupted run printed
     other = [*TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
              "--data.batch_size=2", "--model.lr=0.01", "--data.num_workers=0", "--ckpt_path=auto"]  # fmt: skip
-    message = refusal(monkeypatch, capsys, "fit", *other)
+    message = refusal(monkeypatch, capsys, "fit", *other, "--trainer.accumulate_grad_batches=2")
     assert "data.batch_size 4 -> 2" in message and "model.lr 0.002 -> 0.01" in message, message
+    assert "trainer.accumulate_grad_batches 1 -> 2" in message, message
     assert "num_workers" not in message and "--allow_resume_changes=true" in message
+    # The trainer's defaults are another schedule than the run's options (max_epochs 1): refused too.
+    message = refusal(monkeypatch, capsys, "fit", *TRAINER, *data(tiny_shapes), "--ckpt_path=auto")
+    assert "trainer.max_epochs 1 -> " in message and "trainer.limit_val_batches" not in message, message
     run_cli(monkeypatch, "fit", *other, "--allow_resume_changes=true")
     assert run_folders(in_project_copy) == [run] and (run / "checkpoints" / "finished.json").is_file()
+    # The learning rate goes on from the checkpoint's, which the smaller batch would have scaled for a new run.
+    # 0.002 x 4 / 64 as trained; 0.01 x 2 / 64 for a new run.
+    assert "Learning rate 0.000125, the checkpoint's, restored with its optimizer; these settings would give a new " \
+           "run 0.000313" in caplog.text  # fmt: skip
+    assert "Learning rate 0.000313 = " not in caplog.text
 
 
 def test_the_limit_check_does_not_read_a_sharded_checkpoint_folder(in_project_copy):

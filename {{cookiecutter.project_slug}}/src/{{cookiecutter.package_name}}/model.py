@@ -287,18 +287,19 @@ class ImageClassifier(L.LightningModule):
     def configure_optimizers(self) -> dict:
         groups = self.parameter_groups()
         check_same_optimizer_layout(self._saved_group_count, len(groups))
+        resumed = self.trainer.ckpt_path is not None  # its optimizer's state, learning rates included, follows
         if self._offloads_optimizer():
             # DeepSpeed steps an offloaded optimizer on the CPU and accepts only its own fused CPU
             # Adam there; adamw_mode gives it AdamW's decoupled weight decay.
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            optimizer = DeepSpeedCPUAdam(groups, lr=self.scaled_lr(report=True), adamw_mode=True)
+            optimizer = DeepSpeedCPUAdam(groups, lr=self.scaled_lr(report=not resumed), adamw_mode=True)
         else:
             # On a CPU torch steps AdamW one tensor at a time unless asked (a fifth of a resnet18 step);
             # its fused kernel steps them all at once. Elsewhere torch's own pick (foreach on GPUs) stays,
             # as it does for sharded parameters.
             fused = self.device.type == "cpu" and not shards_weights(self.trainer.strategy)
-            optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr(report=True), fused=fused or None)
+            optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr(report=not resumed), fused=fused or None)
         total_steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(total_steps):
             raise ConfigError(
@@ -439,6 +440,18 @@ class ImageClassifier(L.LightningModule):
         if self._resumed_random_state is not None:
             random_state.restore(self._resumed_random_state)
             self._resumed_random_state = None
+        if self.trainer.ckpt_path is not None:
+            self.say_restored_lr()
+
+    def say_restored_lr(self) -> None:
+        """The learning rate a resumed run goes on with: its checkpoint's, which other settings (the
+        devices, accumulation) would have scaled otherwise for a new run."""
+        scheduler = self.lr_schedulers()
+        names = [group.get("name") for group in scheduler.optimizer.param_groups]
+        restored = scheduler.base_lrs[names.index("head") if "head" in names else 0]
+        scaled = self.scaled_lr()
+        other = "" if math.isclose(restored, scaled) else f"; these settings would give a new run {scaled:.3g}"
+        rank_zero_info(f"Learning rate {restored:.3g}, the checkpoint's, restored with its optimizer{other}")
 
     def on_fit_start(self) -> None:
         if (folder := self._checkpoint_folder()) is None:

@@ -43,7 +43,11 @@ HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_m
 {%- endif %})  # fmt: skip
 # Options that the CLI links from others (add_arguments_to_parser): compared through those.
 LINKED = ("model.batch_size", "model.num_classes", "model.class_names", "data.pretrained_backbone")
-# What lets a resume change the other data and model options.
+# The trainer's options that set the epochs and the learning-rate schedule: continued with others,
+# the run would train to another schedule under its name (`last` is there to raise the two limits).
+SCHEDULE = ("max_epochs", "max_steps", "limit_train_batches", "accumulate_grad_batches")
+LIMITS = ("max_epochs", "max_steps")
+# What lets a resume change the other data, model and schedule options.
 ALLOW_CHANGES = "allow_resume_changes"
 
 RESUME_WORDS = ("auto", "last")
@@ -128,8 +132,8 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
 
 
 def check_same_options(config: Namespace, run: Path, requested: str) -> None:
-    """Refuse to continue `run` with other data or model options than it was trained with: the
-    weights would go on training towards something else under the run's name."""
+    """Refuse to continue `run` with other data, model or schedule options than it was trained with:
+    the weights would go on training towards something else under the run's name."""
     saved = run_configs(run)
     if not saved:
         return  # a run without a config (trained outside the CLI): nothing to compare
@@ -140,6 +144,10 @@ def check_same_options(config: Namespace, run: Path, requested: str) -> None:
         for name, before, now in differences(trained.get(section) or {}, as_plain(config.get(section)))
         if f"{section}.{name}" not in HOW_NOT_WHAT + LINKED
     ]
+    schedule = [name for name in SCHEDULE if requested == "auto" or name not in LIMITS]
+    was, now = trained.get("trainer") or {}, config.trainer
+    changed += [f"trainer.{name} {was.get(name)!r} -> {now.get(name)!r}" for name in schedule
+                if was.get(name) != now.get(name)]  # fmt: skip
     if changed:
         raise ConfigError(
             f"--ckpt_path {requested} would continue {run} with other options than {saved[-1].name} has: "
