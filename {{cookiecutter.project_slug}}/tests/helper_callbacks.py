@@ -132,10 +132,15 @@ class RecordOutputs(L.Callback):
 
 
 class SigtermAt(L.Callback):
-    """Send this process a SIGTERM at a training step, as SLURM does before the time limit."""
+    """Send this process a SIGTERM at a training step, as SLURM does before the time limit (None: as
+    the sanity check ends, before the first step)."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int | None) -> None:
         self.step = step
+
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module) -> None:
+        if self.step is None:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if trainer.global_step == self.step:

@@ -239,3 +239,10 @@ def test_the_installed_lightning_is_one_the_project_is_bound_to():
     # loggers): a test run on another release must widen the bound on purpose.
     bound = re.search(r'"lightning([^"]+)"', (Path(cli.__file__).parents[2] / "pyproject.toml").read_text()).group(1)
     assert version("lightning") in SpecifierSet(bound), f"lightning {version('lightning')} is outside {bound}"
+
+
+def test_a_callback_whose_option_defaults_to_an_enum_member_is_written_as_its_value(in_project_copy):
+    # Lightning's Timer defaults `interval` to Interval.step, which YAML cannot represent.
+    config = cli.resolved_config(["--trainer.callbacks+=Timer", "--trainer.callbacks.duration=00:00:10:00"])
+    (timer,) = (callback for callback in config["trainer"]["callbacks"] if callback["class_path"].endswith("Timer"))
+    assert timer["init_args"]["interval"] == "step"

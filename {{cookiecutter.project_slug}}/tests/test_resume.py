@@ -550,6 +550,15 @@ def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_pro
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
 
 
+def test_a_sigterm_before_the_first_step_stops_the_run_after_it(monkeypatch, in_project_copy, tiny_shapes):
+    # Noted by Lightning's handler during the sanity check, before CheckpointOnSigterm's own takes over.
+    before_training = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": None}})
+    run_command(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1",
+                "--trainer.limit_val_batches=1", f"--trainer.callbacks+={before_training}", status=143)  # fmt: skip
+    (run,) = run_folders(in_project_copy)
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 1
+
+
 def test_a_write_interrupted_midway_leaves_the_previous_checkpoint_loadable(monkeypatch, in_project_copy, tiny_shapes):
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1")
     (run,) = run_folders(in_project_copy)

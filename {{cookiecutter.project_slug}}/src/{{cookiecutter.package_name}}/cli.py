@@ -6,6 +6,7 @@ hold them, composed by repeating --config (the later file wins).
 """
 
 import contextlib
+import enum
 import importlib
 import inspect
 import io
@@ -111,6 +112,10 @@ TOOLS = {
     "tune": "tune",
 {%- endif %}
 }
+
+# Some of Lightning's callbacks default an option to an Enum member (Timer's interval), which YAML
+# cannot write: --print_config and the runs' config.yaml write its value, which the option reads back.
+yaml.SafeDumper.add_multi_representer(enum.Enum, lambda dumper, member: dumper.represent_data(member.value))
 
 
 class SuggestingParser(LightningArgumentParser):

@@ -34,8 +34,9 @@ class CheckpointOnSigterm(L.Callback):
         self.stop_requested = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # After the Trainer has installed its handlers, which restores the previous ones at the end.
-        self.stop_requested = False
+        # After the Trainer has installed its handlers, which restores the previous ones at the end; a
+        # SIGTERM that its handler noted before (the sanity check, set-up) stops the first step.
+        self.stop_requested = trainer.received_sigterm
         signal.signal(signal.SIGTERM, functools.partial(self._note, trainer))
 
     def _note(self, trainer: L.Trainer, signum: int, frame) -> None:
