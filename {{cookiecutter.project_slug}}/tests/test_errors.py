@@ -59,13 +59,14 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--trainer.logger=TensorBoardLoger"], "error: --trainer.logger: no class 'TensorBoardLoger'. Did you mean "),
         (["--trainer.callbacks+=EarlyStoping"], "error: --trainer.callbacks: no class 'EarlyStoping'. Did you mean "),
         (["--data.num_workers=x"], "error: --data.num_workers: x is neither a whole number nor auto"),
+        (["--data.augment=trivial"], "error: --data.augment: trivial is none of none, basic, "),
         (["--trainer.max_epochs=x"], "error: --trainer.max_epochs: x is neither a whole number nor null"),
         (["--trainer.gradient_clip_val=x"], "error: --trainer.gradient_clip_val: x is neither a number nor null"),
         (["--trainer.precision=a"], "error: --trainer.precision: a is none of 64, 32, 16, transformer-engine, "),
         # A logger's or a callback's option: the reason its class gives, not those of bool and None.
         (["--trainer.logger.save_dri=runs"], "Logger has no option 'save_dri'. Did you mean save_dir?"),
         ([EARLY_STOPPING, "--trainer.callbacks.patiense=3"], f"{PATIENSE}. Did you mean patience?"),
-        ([EARLY_STOPPING, "--trainer.callbacks.patience=many"], "--callbacks.patience: many is not a whole"),
+        ([EARLY_STOPPING, "--trainer.callbacks.patience=many"], "callbacks.patience: many is not a whole number"),
         # What a callback's own __init__ refuses (a typo in a config file's mode:), named by its class.
         (
             [EARLY_STOPPING, "--trainer.callbacks.monitor=val/acc", "--trainer.callbacks.mode=maxx"],

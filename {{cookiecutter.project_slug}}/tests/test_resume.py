@@ -483,6 +483,11 @@ def test_a_test_on_data_without_a_test_split_is_refused_before_it_touches_the_ru
     before = sorted(trained.glob("runs/**/*"))
     message = refusal(monkeypatch, capsys, "test", *ON_CPU, *on_data(data))
     assert message == f"error: No test split: add test/ with one folder per class at {data / 'test'}."
+    # Class folders at the top, which train and val are drawn from: test/ beside them alone would not do.
+    flat = trained / "flat"
+    shutil.copytree(tiny_shapes / "train", flat)
+    message = refusal(monkeypatch, capsys, "test", *ON_CPU, *on_data(flat))
+    assert message.endswith(f"at {flat / 'test'}, and move the class folders there now into {flat / 'train'}.")
     # Neither the run's folder (config_test.yaml) nor the logger's (a new W&B run) was written.
     assert sorted(trained.glob("runs/**/*")) == before
 

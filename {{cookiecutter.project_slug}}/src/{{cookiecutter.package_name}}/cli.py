@@ -189,9 +189,12 @@ def condensed(message: str) -> str:
     if not lines:
         return message
     head = re.sub(r'^Parser key "([\w.]+)":', r"--\1:", lines[0])
-    one_type = re.fullmatch(r"Expected (?:a )?(\w+)\. Got value: (.*)", lines[1]) if lines[1:] else None
+    one_type = re.fullmatch(r"Expected (?:a )?([\w.]+(?:\[.*\])?)\. Got value: (.*)", lines[1]) if lines[1:] else None
     if one_type and one_type.group(1) in VALUE_TYPES:  # --data.batch_size=many
         return f"{head} {one_type.group(2)} is not {VALUE_TYPES[one_type.group(1)]}"
+    if one_type and (literal := re.fullmatch(r"typing\.Literal\[(.*)\]", one_type.group(1))):  # --data.augment=x
+        values = ", ".join(value.strip(" '") for value in literal.group(1).split(","))
+        return f"{head} {one_type.group(2)} is none of {values}"
     # The reasons of a union's subtypes ("- Option 'y' is not accepted"), and the value given.
     details = [line for line in lines[2:] if line.startswith(("- ", "Given value:"))]
     return "; ".join([" ".join([head, *lines[1:2]]), *details])

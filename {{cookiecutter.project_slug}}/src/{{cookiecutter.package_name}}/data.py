@@ -324,6 +324,8 @@ class ImageDataModule(L.LightningDataModule):
 
     @property
     def _where_test_goes(self) -> str:
+        if self.data_dir.is_dir() and not (self.data_dir / "train").is_dir():  # class folders at the top
+            return f"at {self.data_dir / 'test'}, and move the class folders there now into {self.data_dir / 'train'}"
         return f"at {self.data_dir / 'test'}"
 
     def _evaluation_loader(self, dataset: Dataset) -> DataLoader:

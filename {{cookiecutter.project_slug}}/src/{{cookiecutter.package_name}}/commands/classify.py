@@ -56,7 +56,7 @@ def main(args: list[str]) -> int:
     parser.add_argument("images", type=Path, nargs="+", help="image files or folders")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint or ONNX export (default: the newest run's best)")
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")
-    parser.add_argument("--output", type=Path, default=Path("predictions.csv"), help="the CSV file to write")
+    parser.add_argument("--output", type=Path, default=Path("predictions.csv"), help="the CSV to write (%(default)s)")
     parser.add_argument("--top-k", type=int, default=3, help="classes per image")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
