@@ -19,6 +19,7 @@ from test_exact_resume import FORMAT_OF, fit_command, logged_to, plain_images, r
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.data import ImageDataModule, StreamingDataModule, checkpoint_preprocessing
+from {{ cookiecutter.package_name }}.datasets.shapes import draw_shapes_dataset
 from {{ cookiecutter.package_name }}.datasets.streaming import MANIFEST
 from {{ cookiecutter.package_name }}.errors import ConfigError, DataError, MissingError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
@@ -46,6 +47,17 @@ def test_shard_stores_each_file_as_it_is_with_its_label_and_path(shards, tiny_sh
             original = tiny_shapes / sample["path"]
             assert bytes(sample["image"]) == original.read_bytes()  # not re-encoded
             assert sample["label"] == classes.index(original.parent.name)
+
+
+def test_a_streamed_training_batch_mixes_the_classes_as_a_folder_batch_does(monkeypatch, tmp_path):
+    # Enough images that LitData's shuffle alone, within the chunks a worker holds, leaves batches of a
+    # class or two. 16 images drawn at random from 6 classes hold 6 x (1 - (5/6)^16) = 5.6 of them on average.
+    images = draw_shapes_dataset(tmp_path / "shapes", images_per_class={"train": 60, "val": 1, "test": 1}, size=32)
+    shard(monkeypatch, images, tmp_path / "shards")  # train/ read in class order
+    module = StreamingDataModule(tmp_path / "shards", format="streaming", synthetic=False, num_workers=0, batch_size=16)
+    module.setup("fit")
+    classes = [len(set(labels.tolist())) for _, labels in module.train_dataloader()]
+    assert sum(classes) / len(classes) > 5, classes
 
 
 def test_class_folders_are_split_as_the_folder_format_splits_them(monkeypatch, tiny_shapes, tmp_path):

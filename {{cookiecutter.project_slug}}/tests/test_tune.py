@@ -146,3 +146,10 @@ def test_a_full_disk_while_tuned_yaml_is_written_keeps_what_it_held(in_project_c
 def test_tune_takes_options_whole_as_fit_does(monkeypatch, capsys, in_project_copy):
     message = refusal(monkeypatch, capsys, "tune", "lr", *ON_CPU, "--model.backbon=resnet18")
     assert "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone" in message
+
+
+@pytest.mark.parametrize("option", ["--steps=0", "--steps=-5", "--epochs=0", "--max-trials=0"])
+def test_a_count_out_of_range_is_refused_in_one_line(monkeypatch, capsys, in_project_copy, option):
+    name, value = option.split("=")
+    message = refusal(monkeypatch, capsys, "tune", "lr", *ON_CPU, option)
+    assert f"{name} must be " in message and f"or more, got {value}" in message, message

@@ -9,17 +9,13 @@ import pytest
 import torch
 import wandb
 import yaml
-from conftest import ON_CPU, refusal
+from conftest import ON_CPU, on_data, refusal, run_cli
 from wandb.proto import wandb_internal_pb2
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.training.wandb_logging import go_offline_unless_reachable
 
 ONE_BATCH = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
-
-
-def on_data(folder) -> list[str]:
-    return [f"--data.data_dir={folder}", "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=8"]
 
 
 def digest(path) -> str:
@@ -56,23 +52,32 @@ def no_wandb_settings(monkeypatch, tmp_path):
 
 def test_no_api_key_goes_offline_and_says_so(no_wandb_settings, caplog):
     with caplog.at_level(logging.INFO):
-        go_offline_unless_reachable()
+        go_offline_unless_reachable("cv/mine/fold0")  # where the runs of a cv fold go
     assert os.environ["WANDB_MODE"] == "offline"
     assert "W&B logs offline: no API key" in caplog.text
+    assert "Upload later with `wandb sync cv/mine/fold0/wandb/offline-run-*`" in caplog.text
+
+
+def test_a_run_with_another_logger_says_nothing_of_wandb(no_wandb_settings, monkeypatch, caplog, in_project_copy,
+                                                         tiny_shapes):  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), "--trainer.fast_dev_run=true",
+                "--trainer.logger=lightning.pytorch.loggers.CSVLogger")  # fmt: skip
+    assert "W&B" not in caplog.text and "WANDB_MODE" not in os.environ
 
 
 def test_unreachable_server_goes_offline_instead_of_hanging(no_wandb_settings, monkeypatch, caplog):
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.invalid")
     with caplog.at_level(logging.INFO):
-        go_offline_unless_reachable()
+        go_offline_unless_reachable("runs")
     assert os.environ["WANDB_MODE"] == "offline"
     assert "wandb.invalid cannot be reached" in caplog.text
 
 
 def test_explicit_mode_is_left_alone(no_wandb_settings, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    go_offline_unless_reachable()
+    go_offline_unless_reachable("runs")
     assert os.environ["WANDB_MODE"] == "disabled"
 
 

@@ -430,9 +430,6 @@ class ClassifierCLI(LightningCLI):
             )
 
     def before_instantiate_classes(self) -> None:
-{%- if cookiecutter.logger == "wandb" %}
-        go_offline_unless_reachable()
-{%- endif %}
         config = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
         if config.get("optimizer") or config.get("lr_scheduler"):
             # Lightning's would replace the model's parameter groups, warm-up and scaled learning rate
@@ -464,6 +461,10 @@ class ClassifierCLI(LightningCLI):
                 c for c in config.trainer.callbacks if not str(c.get("class_path", "")).endswith(refused)
             ]
         place_runs(config.trainer)
+{%- if cookiecutter.logger == "wandb" %}
+        if (logger := first_logger(config.trainer)) is not None and "Wandb" in logger.class_path:
+            go_offline_unless_reachable(logger.init_args.get("save_dir") or ".")
+{%- endif %}
         if resolve_resume(config, self.subcommand):
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
             self.save_config_kwargs["config_filename"] = resumed_config_name()

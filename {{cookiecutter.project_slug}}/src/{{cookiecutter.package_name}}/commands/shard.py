@@ -8,6 +8,7 @@ it with --data.format streaming --data.data_dir OUTPUT.
 
 import inspect
 import os
+import random
 import time
 from pathlib import Path
 
@@ -38,6 +39,11 @@ def shard(images: Path, output: str, val_fraction: float, split_seed: int, worke
     for split, samples in splits.items():
         started = time.perf_counter()
         inputs = [(path, label, os.path.relpath(path, images)) for path, label in samples]
+        if split == "train":
+            # LitData shuffles chunks, and items only among the few chunks a worker holds at a time:
+            # written in class order, a batch would hold one or two classes. Written shuffled, every
+            # chunk holds them all.
+            random.Random(split_seed).shuffle(inputs)
         print(f"{split}: {len(inputs)} images into {join(output, split)}", flush=True)
         write_split(encoded_sample, inputs, join(output, split), workers, chunk_bytes)
         counts[split] = {"images": len(inputs), "seconds": round(time.perf_counter() - started, 1)}

@@ -34,6 +34,7 @@ SETTLING = 50
 FALL = 0.05
 # Lightning ends the test when the loss passes 4 times its lowest: the loss diverged.
 DIVERGED = 4
+MIN_RANGE_STEPS = 10  # the fewest steps of a learning-rate range test
 # A batch is searched up to the size that still gives each process this many steps per epoch.
 MIN_STEPS_PER_EPOCH = 8
 
@@ -179,11 +180,16 @@ def main(args: list[str]) -> int:
     parser.add_argument("what", choices=["lr", "batch_size"])
     parser.add_argument("--steps", type=int, default=200, help="lr: steps of the range test (%(default)s)")
     parser.add_argument(
-        "--epochs", type=int, default=3, help="lr: epochs that the suggestion trains against the current rate"
+        "--epochs", type=int, default=3, help="lr: epochs the suggestion trains against the current rate (%(default)s)"
     )
     parser.add_argument("--write", action="store_true", help="lr: write the suggestion without those checks")
-    parser.add_argument("--max-trials", type=int, default=8, help="batch_size: doublings to try at most")
+    parser.add_argument("--max-trials", type=int, default=8, help="batch_size: doublings to try at most (%(default)s)")
     options, cli_args = parser.parse_known_args(args)
+    # The range test's suggestion reads the loss curve's slope: a handful of steps has none.
+    for name, value, least in (("--steps", options.steps, MIN_RANGE_STEPS), ("--epochs", options.epochs, 1),
+                               ("--max-trials", options.max_trials, 1)):  # fmt: skip
+        if value < least:
+            parser.error(f"{name} must be {least} or more, got {value}")
     # Nothing to keep from a tuning run: no logger, checkpoints or callbacks.
     cli_args += ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]"]
     cli = build(cli_args)

@@ -18,8 +18,9 @@ from .resume import SaveConfigWhole
 from .run_folders import logger_run_folder
 
 
-def go_offline_unless_reachable() -> None:
-    """Log offline, and say so in one line, when there is no API key or the W&B server is out of reach.
+def go_offline_unless_reachable(save_dir: str) -> None:
+    """Log offline, and say so in one line naming where the runs wait (the logger's `save_dir`), when
+    there is no API key or the W&B server is out of reach.
 
     Without this, W&B stops the run at setup when no key is set, and waits about 100 s when the
     server is unreachable. An explicit WANDB_MODE is left alone.
@@ -34,7 +35,8 @@ def go_offline_unless_reachable() -> None:
     else:
         return
     os.environ["WANDB_MODE"] = "offline"  # inherited by the processes of a multi-device run
-    rank_zero_info(f"W&B logs offline: {reason}. Upload later with `wandb sync runs/wandb/offline-run-*`.")
+    waiting = Path(save_dir) / "wandb" / "offline-run-*"
+    rank_zero_info(f"W&B logs offline: {reason}. Upload later with `wandb sync {waiting}`.")
 
 
 def has_api_key() -> bool:
