@@ -22,11 +22,11 @@ def digest(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def wandb_config(record) -> dict:
-    """The config of an offline W&B run, read from its run-<id>.wandb file as `wandb sync` reads it:
+def wandb_records(record) -> list:
+    """The records of an offline W&B run, read from its run-<id>.wandb file as `wandb sync` reads it:
     protobuf records in 32 KiB blocks, each piece behind a 7-byte header (checksum, length, type)."""
     data, block, position = record.read_bytes(), 32768, 7  # after the file's own 7-byte header
-    config, pieces = {}, b""
+    records, pieces = [], b""
     while position + 7 <= len(data):
         if block - position % block < 7:  # too little room left for a header: the block is padded
             position += block - position % block
@@ -35,11 +35,23 @@ def wandb_config(record) -> dict:
         pieces += data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 4):  # a whole record, or the last piece of one
-            parsed = wandb_internal_pb2.Record.FromString(pieces)
+            records.append(wandb_internal_pb2.Record.FromString(pieces))
             pieces = b""
-            if parsed.WhichOneof("record_type") == "config":
-                config |= {item.key: json.loads(item.value_json) for item in parsed.config.update}
+    return records
+
+
+def wandb_config(record) -> dict:
+    config = {}
+    for parsed in wandb_records(record):
+        if parsed.WhichOneof("record_type") == "config":
+            config |= {item.key: json.loads(item.value_json) for item in parsed.config.update}
     return config
+
+
+def wandb_history(record) -> list[dict]:
+    """Each row that the run logged, by key."""
+    rows = [parsed.history.item for parsed in wandb_records(record) if parsed.WhichOneof("record_type") == "history"]
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in row} for row in rows]
 
 
 @pytest.fixture
@@ -98,6 +110,19 @@ def test_each_run_keeps_its_config_in_its_folder_and_in_its_wandb_record(monkeyp
         assert logged["seed_everything"] == saved["seed_everything"]
         for section in ("model", "data"):  # the record also holds what links fill in (model.batch_size, ...)
             assert {name: logged[section][name] for name in saved[section]} == saved[section]
+
+
+def test_the_confusion_matrix_is_logged_at_the_step_of_its_validation_metrics(
+    monkeypatch, in_project_copy, tiny_shapes
+):
+    runs = f"--trainer.logger.save_dir={in_project_copy / 'runs'}"  # absolute: see the test above
+    run_cli(monkeypatch, "fit", *ON_CPU, *ONE_BATCH, *on_data(tiny_shapes), runs)
+    wandb.finish()
+    (record,) = (in_project_copy / "runs" / "wandb").glob("offline-run-*/run-*.wandb")
+    rows = wandb_history(record)
+    (image,) = (row["trainer/global_step"] for row in rows if "val/confusion_matrix/_type" in row)
+    (metrics,) = (row["trainer/global_step"] for row in rows if "val/acc" in row)
+    assert image == metrics == 0, rows  # one step taken: Lightning logs its validation at that step's index
 
 
 def test_a_run_config_from_before_the_logger_listed_its_options_names_those_to_delete(

@@ -183,11 +183,11 @@ class ImageClassifier(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self._log_at_checkpoint()
-        write_report(self.trainer, self.val_confusion, self.label_names(), "val", self._epoch())
+        write_report(self.trainer, self.val_confusion, self.label_names(), "val", self._epoch(), self._step())
 
     def on_test_epoch_end(self) -> None:
         self._log_at_checkpoint()
-        write_report(self.trainer, self.test_confusion, self.label_names(), "test", self._epoch())
+        write_report(self.trainer, self.test_confusion, self.label_names(), "test", self._epoch(), self._step())
 
     def _evaluated_checkpoint(self) -> dict[str, int] | None:
         """The epoch and step of the checkpoint an evaluation runs on; None in fit or without one."""
@@ -198,8 +198,8 @@ class ImageClassifier(L.LightningModule):
         logged "step" for the loggers' step), so its numbers sit at the end of the curves of the run
         it evaluates, not at step 0: where the run's own validation of those weights sits, at the
         index of the last step taken (a fit logs it before counting that step)."""
-        if position := self._evaluated_checkpoint():
-            at = {"epoch": position["epoch"], "step": max(position["step"] - 1, 0)}
+        if self._evaluated_checkpoint():
+            at = {"epoch": self._epoch(), "step": self._step()}
             # The same on every process: synced only so that Lightning need not warn that it is not.
             self.log_dict({name: float(value) for name, value in at.items()}, sync_dist=True)
 
@@ -207,6 +207,12 @@ class ImageClassifier(L.LightningModule):
         """The epoch of the weights being evaluated: the current one in fit, else the checkpoint's."""
         position = self._evaluated_checkpoint()
         return position["epoch"] if position else self.trainer.current_epoch
+
+    def _step(self) -> int:
+        """The step the numbers of these weights are logged at: the index of the last step they took
+        (a fit logs before counting it), in fit the current one, in an evaluation the checkpoint's."""
+        position = self._evaluated_checkpoint()
+        return max((position["step"] if position else self.trainer.global_step) - 1, 0)
 
     def label_names(self) -> list[str]:
         return self.names_of(self.hparams)

@@ -35,10 +35,10 @@ def per_class_accuracy(matrix: torch.Tensor) -> list[float]:
 
 
 def write_report(
-    trainer: L.Trainer, metric: MulticlassConfusionMatrix, class_names: list[str], stage: str, epoch: int
+    trainer: L.Trainer, metric: MulticlassConfusionMatrix, class_names: list[str], stage: str, epoch: int, step: int
 ) -> None:
     """Compute `metric` (every process takes part) and, on rank 0, write and log its pictures of the
-    weights of `epoch`."""
+    weights of `epoch`, at `step` (that of the metrics they go with)."""
     matrix = metric.compute().cpu()
     metric.reset()
     if not trainer.is_global_zero or trainer.sanity_checking or trainer.fast_dev_run:
@@ -61,7 +61,7 @@ def write_report(
     figure.savefig(image, dpi=100)
     for logger in trainer.loggers:
         if isinstance(logger, WandbLogger):
-            logger.log_image(f"{stage}/confusion_matrix", images=[str(image)], step=trainer.global_step)
+            logger.log_image(f"{stage}/confusion_matrix", images=[str(image)], step=step)
         elif isinstance(logger, TensorBoardLogger):
-            logger.experiment.add_figure(f"{stage}/confusion_matrix", figure, global_step=trainer.global_step)
+            logger.experiment.add_figure(f"{stage}/confusion_matrix", figure, global_step=step)
     plt.close(figure)
