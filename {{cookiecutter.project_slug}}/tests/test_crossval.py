@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import ON_CPU, disk_full_past, on_data, refusal, run_command
 
@@ -43,6 +44,23 @@ def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in
     # With other options, the runs kept are not the same experiment.
     message = refusal(monkeypatch, capsys, "repeat", "--seeds=0,1", *options, "--model.lr=0.01")
     assert "cv/seeds2 holds runs trained with other options" in message and "--name" in message
+
+
+def test_a_run_a_sigterm_stopped_goes_on_from_its_checkpoint_when_the_command_runs_again(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    options = [*ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
+               "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    stop = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 1}})
+    run_command(monkeypatch, "repeat", "--seeds=0", *options, f"--trainer.callbacks+={stop}", status=143)
+    (last,) = Path("cv/seeds1/seed0").glob("*/*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+    capsys.readouterr()
+    run_command(monkeypatch, "repeat", "--seeds=0", *options)
+    assert f"Resuming from {last}" in capsys.readouterr().out
+    assert list(Path("cv/seeds1/seed0").glob("*/*/checkpoints/last.ckpt")) == [last], "the same run, not a new one"
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+    assert (last.parent / "finished.json").is_file() and Path("cv/seeds1/seed0/metrics.json").is_file()
 
 
 def test_a_call_that_trained_nothing_holds_its_folder_for_no_one(tmp_path):

@@ -61,6 +61,7 @@ def test_the_export_matches_pytorch_on_real_images(monkeypatch, capsys, trained,
         (["sharded"], "sharded is a sharded checkpoint: make it one file with `consolidate` first."),
         (["RUN"], "is a folder but not a sharded checkpoint (FSDP or DeepSpeed)."),
         (["CHECKPOINT", "--images=notes.txt"], "None of notes.txt is a readable image: pass --images with some."),
+        (["CHECKPOINT", "--images=empty"], "or its folders.): point --images at image files or folders."),
         (["CHECKPOINT", "--format=tflite"], "argument --format: invalid choice: 'tflite'"),
     ],
 )
@@ -68,6 +69,7 @@ def test_mistakes_end_in_one_line(monkeypatch, capsys, trained, given, expected)
     (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
     (trained / "notes.txt").write_text("not a checkpoint, not an image")
     (trained / "sharded").mkdir()
+    (trained / "empty").mkdir()
     (trained / "sharded" / ".metadata").write_bytes(b"")  # as torch's distributed checkpoint writes
     paths = {"CHECKPOINT": str(checkpoint), "RUN": str(checkpoint.parent.parent)}
     arguments = [paths.get(arg, arg) for arg in given]

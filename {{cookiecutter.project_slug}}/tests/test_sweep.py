@@ -138,7 +138,7 @@ def test_the_lock_of_a_sweep_killed_while_writing_is_broken_by_the_next_sweep(mo
         ("model.lr: {low: 0, high: 0.1, log: true}\n", "model.lr: a log range needs low above 0"),
         ("model.lr: {low: 0.001, hi: 0.1}\n", "model.lr: {'low': 0.001, 'hi': 0.1} is no search range"),
         ("model.lr: 0.01\n", "model.lr: 0.01 is no search range"),
-        ("data.augment: [basic, bogus]\n", "--data.augment"),
+        ("data.augment: [basic, bogus]\n", "space.yaml: --data.augment: bogus is none of none, basic, "),
         ("data.batch_size: {low: 8.5, high: 64}\n", "--data.batch_size"),
         ("- model.lr\n", "must map fit options"),
         ("model.lr: [0.1\n", "is not valid YAML"),
@@ -169,3 +169,16 @@ def test_a_missing_search_space_and_no_gpu_are_refused(monkeypatch, capsys, in_p
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     message = refusal(monkeypatch, capsys, "sweep", "space.yaml", "--gpus-per-trial=1", *ON_CPU)
     assert "none is visible" in message
+    assert not Path("sweeps").exists(), "a refused sweep starts no study"
+
+
+def test_a_study_goes_on_only_with_the_search_space_and_options_it_was_started_with():
+    # Its trials would not compare, and tuned.yaml would mix the best one's options with another's.
+    started = optuna.create_study(direction="maximize")
+    space = {"model.lr": CategoricalDistribution([0.001, 0.01])}
+    sweep.check_same_study(started, space, ["--trainer.max_epochs=1"])
+    sweep.check_same_study(started, space, ["--trainer.max_epochs=1"])  # the same again: it goes on
+    with pytest.raises(sweep.ConfigError, match="another search space: give the same, or start another with --study"):
+        sweep.check_same_study(started, {"model.lr": CategoricalDistribution([0.1])}, ["--trainer.max_epochs=1"])
+    with pytest.raises(sweep.ConfigError, match=r"with other fit options \(--trainer.max_epochs=1\): give"):
+        sweep.check_same_study(started, space, [])

@@ -148,7 +148,7 @@ def test_tune_takes_options_whole_as_fit_does(monkeypatch, capsys, in_project_co
     assert "unrecognized arguments: --model.backbon=resnet18. Did you mean model.backbone" in message
 
 
-@pytest.mark.parametrize("option", ["--steps=0", "--steps=-5", "--epochs=0", "--max-trials=0"])
+@pytest.mark.parametrize("option", ["--steps=1", "--steps=-5", "--epochs=0", "--max-trials=0"])
 def test_a_count_out_of_range_is_refused_in_one_line(monkeypatch, capsys, in_project_copy, option):
     name, value = option.split("=")
     message = refusal(monkeypatch, capsys, "tune", "lr", *ON_CPU, option)

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 
 from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training.checkpoint_io import write_whole
-from .experiment_runs import fit_in_folder, run_per_gpu, visible_gpus, without_option, worker_part
+from .experiment_runs import fit_in_folder, gpus_for_copies, run_per_gpu, without_option, worker_part
 
 CV = Path("cv")
 # Written whole once a run has trained: its presence is what marks the run done.
@@ -114,12 +114,13 @@ def draw_spread(results: dict[str, dict], names: list[str], stats: dict, path: P
     """Each metric in a panel of its own: every run as a point, the mean and one standard deviation either side."""
     figure, panels = plt.subplots(1, len(names), figsize=(2.6 * len(names), 3.2), squeeze=False)
     for axes, name in zip(panels[0], names, strict=True):
-        values = [metrics[name] for metrics in results.values() if name in metrics]
-        axes.scatter(range(len(values)), values, color="tab:blue", zorder=2)
+        runs = [run for run, metrics in results.items() if name in metrics]
+        axes.scatter(range(len(runs)), [results[run][name] for run in runs], color="tab:blue", zorder=2)
         mean, std = stats[name]
         axes.axhline(mean, color="black")
         axes.axhspan(mean - std, mean + std, color="grey", alpha=0.25)
-        axes.set(title=name, xticks=range(len(values)), xlabel="run")
+        axes.set_xticks(range(len(runs)), labels=runs, rotation=45 if len(runs) > 4 else 0)
+        axes.set(title=name, xlabel="run")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -136,10 +137,11 @@ def run(
 ) -> int:
     runs = planned_runs(folds, seeds)
     folder = CV / name
+    copies_on = gpus_for_copies() if gpus else []
     if worker_part()[1] == 1:
         check_same_options(folder, cli_args)
-    if gpus:
-        status = run_per_gpu(command, without_option(args, "--gpus-per-trial"), visible_gpus())
+    if copies_on:
+        status = run_per_gpu(command, without_option(args, "--gpus-per-trial"), copies_on)
         if status:
             return status
     else:

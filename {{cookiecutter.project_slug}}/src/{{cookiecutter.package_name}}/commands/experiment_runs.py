@@ -13,6 +13,7 @@ import yaml
 
 from ..cli import build, finish_wandb_run, resolved_config
 from ..errors import PACKAGE, ConfigError
+from ..training.run_folders import finished, last_checkpoints
 
 # In the copies that --gpus-per-trial starts: each is one of them, and starts none.
 WORKER_VARIABLE = "{{ cookiecutter.package_name | upper }}_EXPERIMENT_WORKER"
@@ -41,14 +42,20 @@ def monitored_metric(cli_args: list[str]) -> tuple[str, str]:
 
 def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = None) -> dict[str, float]:
     """Train as `fit` does, with its logs, config.yaml and checkpoints under `folder`, on one device
-    in this process (a launcher of more would start this command again in each). The validation
-    metrics of the best checkpoint."""
+    in this process (a launcher of more would start this command again in each); a run there that a
+    stop interrupted goes on from its last.ckpt, in its own run folder. The validation metrics of the
+    best checkpoint."""
     one_device = ["--trainer.devices=1", "--trainer.num_nodes=1", f"--trainer.logger.init_args.save_dir={folder}"]
+    unfinished = [last for last in last_checkpoints(folder) if not finished(last)] if folder.is_dir() else []
+    resumed = unfinished[-1] if unfinished else None
+    if resumed is not None:
+        print(f"Resuming from {resumed}", flush=True)
+        one_device.append(f"--trainer.logger.init_args.version={resumed.parent.parent.name}")
     cli = build([*cli_args, *one_device], keep_config=True)
     trainer, added = cli.trainer, callbacks or []
     trainer.callbacks.extend(added)
     try:
-        trainer.fit(cli.model, datamodule=cli.datamodule)
+        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resumed)
         trainer.callbacks = [callback for callback in trainer.callbacks if callback not in added]  # fit's alone
         best = next(callback for callback in trainer.checkpoint_callbacks if callback.monitor)
         if not best.best_model_path:
@@ -73,13 +80,18 @@ def visible_gpus() -> list[str]:
     return [str(index) for index in range(torch.cuda.device_count())]
 
 
+def gpus_for_copies() -> list[str]:
+    """The GPUs of --gpus-per-trial 1, refused in one line where none is visible: before a command
+    writes anything."""
+    if gpus := visible_gpus():
+        return gpus
+    raise ConfigError("--gpus-per-trial 1 runs one copy per GPU, and none is visible: leave it out to run on the CPU.")
+
+
 def run_per_gpu(command: str, args: list[str], gpus: list[str]) -> int:
-    """Run `python -m <package> command args` once per GPU, each copy seeing only its GPU; the
-    worst exit status. SIGTERM and Ctrl+C are passed on to every copy, which end their runs cleanly."""
-    if not gpus:
-        raise ConfigError(
-            "--gpus-per-trial 1 runs one copy per GPU, and none is visible: leave it out to run on the CPU."
-        )
+    """Run `python -m <package> command args` once per GPU (gpus_for_copies), each copy seeing only
+    its GPU; the worst exit status. SIGTERM and Ctrl+C are passed on to every copy, which end their
+    runs cleanly."""
     module = [sys.executable, "-m", PACKAGE, command, *args]
     copies = [
         subprocess.Popen(

@@ -104,7 +104,8 @@ def main(args: list[str]) -> int:
     try:
         images = sample_images(sources, preprocessing)
     except FileNotFoundError as error:
-        raise MissingError(f"Nothing to check the export on ({error}): pass --images.") from error
+        fix = "point --images at image files or folders" if options.images else "pass --images"
+        raise MissingError(f"Nothing to check the export on ({error}): {fix}.") from error
     served = ServedClassifier(model, preprocessing).eval()
     output = options.output or options.checkpoint.with_suffix(f".{options.format}")
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -25,10 +25,10 @@ from ..training.callbacks import NonFiniteLossError
 from ..training.sigterm import process_alive
 from .experiment_runs import (
     fit_in_folder,
+    gpus_for_copies,
     monitored_metric,
     option,
     run_per_gpu,
-    visible_gpus,
     without_option,
     worker_part,
 )
@@ -37,6 +37,7 @@ from .tuned_config import TUNED_CONFIG, update_tuned_config
 
 try:  # the `sweep` extra
     import optuna
+    from optuna.distributions import distribution_to_json
     from optuna.importance import PedAnovaImportanceEvaluator
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
     from optuna.trial import FrozenTrial, Trial, TrialState
@@ -255,6 +256,25 @@ def open_study(name: str, storage: str | None, folder: Path, direction: str, pru
     return study
 
 
+def check_same_study(study, distributions: dict, cli_args: list[str]) -> None:
+    """Refuse to go on with a study started with another search space or other fit options: its
+    trials would not compare, and the best one's options would mix with another's in tuned.yaml."""
+    asked = {"space": {name: distribution_to_json(d) for name, d in distributions.items()}, "options": cli_args}
+    held = {key: study.user_attrs[key] for key in asked if key in study.user_attrs}
+    if not held:  # a new study (copies on other GPUs write the same), or one from before it was recorded
+        for key, value in asked.items():
+            study.set_user_attr(key, value)
+        return
+    differ = [key for key in asked if held.get(key) != asked[key]]
+    if differ:
+        earlier = " ".join(held.get("options") or []) or "none"
+        said = {"space": "another search space", "options": f"other fit options ({earlier})"}
+        raise ConfigError(
+            f"Study {study.study_name} was run with {' and '.join(said[key] for key in differ)}: "
+            "give the same, or start another with --study."
+        )
+
+
 def main(args: list[str]) -> int:
     parser = CommandParser(prog=f"{PACKAGE} sweep", description=__doc__.splitlines()[0])
     parser.add_argument("space", type=Path, help="the search space, a YAML file (configs/sweep.yaml shows one)")
@@ -293,13 +313,15 @@ def main(args: list[str]) -> int:
     folder = SWEEPS / name
     distributions = read_search_space(options.space, cli_args)  # checked once, before any trial or copy starts
     monitor, mode = monitored_metric(cli_args)
+    gpus = gpus_for_copies() if options.gpus_per_trial else []
     folder.mkdir(parents=True, exist_ok=True)
     pruner = optuna.pruners.NopPruner()
     if options.pruner == "median":
         pruner = optuna.pruners.MedianPruner(options.prune_after_trials, options.prune_after_epochs)
     study = open_study(name, options.storage, folder, {"max": "maximize", "min": "minimize"}[mode], pruner)
-    if options.gpus_per_trial:
-        status = run_per_gpu("sweep", without_option(args, "--gpus-per-trial"), visible_gpus())
+    check_same_study(study, distributions, cli_args)
+    if gpus:
+        status = run_per_gpu("sweep", without_option(args, "--gpus-per-trial"), gpus)
         if status:
             return status
     else:

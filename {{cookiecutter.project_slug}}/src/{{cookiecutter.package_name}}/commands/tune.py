@@ -34,7 +34,7 @@ SETTLING = 50
 FALL = 0.05
 # Lightning ends the test when the loss passes 4 times its lowest: the loss diverged.
 DIVERGED = 4
-MIN_RANGE_STEPS = 10  # the fewest steps of a learning-rate range test
+MIN_RANGE_STEPS = 2  # Lightning's range test spreads its rates over steps - 1 intervals
 # A batch is searched up to the size that still gives each process this many steps per epoch.
 MIN_STEPS_PER_EPOCH = 8
 
@@ -185,7 +185,6 @@ def main(args: list[str]) -> int:
     parser.add_argument("--write", action="store_true", help="lr: write the suggestion without those checks")
     parser.add_argument("--max-trials", type=int, default=8, help="batch_size: doublings to try at most (%(default)s)")
     options, cli_args = parser.parse_known_args(args)
-    # The range test's suggestion reads the loss curve's slope: a handful of steps has none.
     for name, value, least in (("--steps", options.steps, MIN_RANGE_STEPS), ("--epochs", options.epochs, 1),
                                ("--max-trials", options.max_trials, 1)):  # fmt: skip
         if value < least:

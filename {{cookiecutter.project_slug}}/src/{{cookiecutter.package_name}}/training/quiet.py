@@ -20,6 +20,9 @@ SILENCED_WARNINGS = [
 {%- endif %}
     # A mid-epoch checkpoint: the data module resumes the epoch's data itself (datasets/sampling.py).
     r"You're resuming from a checkpoint that ended before the epoch ended",
+    # The tools (cv, sweep, tune, doctor) give LightningCLI the options of the fits they run, beside their
+    # own command line: on purpose, and the warning would land inside their one-line errors.
+    r"LightningCLI's args parameter is intended to run from within Python",
 ]
 
 

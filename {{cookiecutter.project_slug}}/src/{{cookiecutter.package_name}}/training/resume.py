@@ -30,6 +30,7 @@ from .run_folders import (
     finished,
     hold_run,
     in_use,
+    is_first_process,
     last_checkpoints,
     leave_choice,
     run_to_resume,
@@ -97,13 +98,15 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
             config.ckpt_path = None
             return False
         config.ckpt_path = str(found[-1])
-        if subcommand == "fit" and requested == "last" and (holder := trained_elsewhere(found[-1].parent.parent)):
-            raise in_use(found[-1].parent.parent.resolve(), holder, subcommand)  # before its limit, moot meanwhile
+        run = found[-1].parent.parent
+        # Before its limit, moot meanwhile; asked by the first process, which holds the run for the others.
+        if subcommand == "fit" and requested == "last" and is_first_process() and (holder := trained_elsewhere(run)):
+            raise in_use(run.resolve(), holder, subcommand)
         if subcommand == "fit" and (reached := limit_reached(found[-1], config.trainer)):
             # Lightning would end at once with no word on how to go on, or fail past the limit. Asked
             # for by `last`, a mistake; by `auto` (a requeued job whose run ended before it could say
             # so), the job's work is done. Either way before the run's folder and logger are touched.
-            said = f"--ckpt_path {requested}: {found[-1].parent.parent} already reached {reached}, so there is "
+            said = f"--ckpt_path {requested}: {run} already reached {reached}, so there is "
             said += f"nothing left to train. {raise_limit(reached, requested)}"
             if requested == "last":
                 raise ConfigError(said)
@@ -113,7 +116,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         doing = "resuming from" if subcommand == "fit" else "evaluating"
         rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
         if subcommand == "fit" and not config.get(ALLOW_CHANGES):
-            check_same_options(config, found[-1].parent.parent, requested)
+            check_same_options(config, run, requested)
     elif subcommand == "fit":
         # A checkpoint given by path starts a new run from it (a copied file), from its epoch on.
         if requested and Path(requested).is_file() and (reached := limit_reached(Path(requested), config.trainer)):
