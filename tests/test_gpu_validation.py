@@ -119,8 +119,9 @@ def test_the_dry_run_goes_through_every_part_on_the_cpu(tmp_path):
     assert set(statuses.values()) <= {"passed", "parsed only", "skipped"}, statuses
     assert [name for name, status in statuses.items() if status == "skipped"] == ["carried wheels"]
     assert {name for name, status in statuses.items() if status == "parsed only"} == {
-        "preset ddp", "preset fsdp1", "preset deepspeed_stage2", "preset deepspeed_stage3_offload", "gpu, 16-mixed",
-        "gpu, 32-true (TF32 on, as configured)", "gpu, compile_mode default", "gpu, channels_last off"}  # fmt: skip
+        "gpu, 8 data workers", "preset ddp", "preset fsdp1", "preset deepspeed_stage2",
+        "preset deepspeed_stage3_offload", "gpu, 16-mixed", "gpu, 32-true (TF32 on, as configured)",
+        "gpu, compile_mode default", "gpu, channels_last off"}  # fmt: skip
 
     setup = {c["name"]: c for c in parts[1]["checks"]}
     hooked = setup["generate with accelerator=gpu, setup_env=current, smoke test forced"]
