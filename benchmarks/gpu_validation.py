@@ -133,7 +133,10 @@ class Validation:
         self.deadline = self.hard_end = float("inf")
 
     def start(self, part: int) -> None:
-        self.part, self.facts = part, machine(self.env())
+        self.part = part
+        if not self.site.is_dir():  # the first part on this machine: its versions are those of the carried wheels
+            self.install_wheels()
+        self.facts = machine(self.env())
         if not self.settings.dry:
             self.deadline, self.hard_end = time.monotonic() + PART_SECONDS, time.monotonic() + HARD_SECONDS
 
@@ -568,8 +571,6 @@ def main() -> int:
     validation.work.mkdir(parents=True, exist_ok=True)
     for part in parts:
         validation.start(part)
-        if not validation.site.is_dir():  # the first part on this machine
-            validation.install_wheels()
         for step in PARTS[part][1]:
             getattr(validation, step)()
         for check in (check for check in validation.checks if check.part == part):

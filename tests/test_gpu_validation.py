@@ -48,6 +48,20 @@ def test_only_missing_packages_and_those_too_old_for_the_others_are_installed(tm
     assert [path.name for path in gpu_wheels.to_install(tmp_path)] == ["no_such_package_here-1.0-py3-none-any.whl"]
 
 
+def test_a_part_reports_the_versions_of_the_carried_wheels_it_installed(tmp_path, monkeypatch):
+    def install(folder: Path, site: Path) -> list[str]:
+        (site / "deepspeed-99.0.dist-info").mkdir()
+        (site / "deepspeed-99.0.dist-info" / "METADATA").write_text("Name: deepspeed\nVersion: 99.0\n")
+        return ["deepspeed-99.0"]
+
+    monkeypatch.setattr(gpu_wheels, "install", install)
+    make_wheel(tmp_path, "deepspeed", "99.0")
+    settings = gpu_validation.Settings.for_run(dry=True)
+    validation = gpu_validation.Validation(settings, tmp_path / "work", tmp_path / "out", tmp_path)
+    validation.start(2)
+    assert validation.facts["deepspeed"] == "99.0"
+
+
 def test_a_fetched_set_with_an_unmet_requirement_or_over_the_budget_is_refused(tmp_path, monkeypatch):
     make_wheel(tmp_path, "tool", "1.0", "helper>=2", "torch", "stranger")
     make_wheel(tmp_path, "helper", "1.5")
