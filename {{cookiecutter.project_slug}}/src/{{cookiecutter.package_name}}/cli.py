@@ -192,15 +192,20 @@ def condensed(message: str) -> str:
     one_type = re.fullmatch(r"Expected (?:a )?([\w.]+(?:\[.*\])?)\. Got value: (.*)", lines[1]) if lines[1:] else None
     if one_type and one_type.group(1) in VALUE_TYPES:  # --data.batch_size=many
         return f"{head} {one_type.group(2)} is not {VALUE_TYPES[one_type.group(1)]}"
-    if one_type and (literal := re.fullmatch(r"typing\.Literal\[(.*)\]", one_type.group(1))):  # --data.augment=x
-        values = ", ".join(value.strip(" '") for value in literal.group(1).split(","))
-        return f"{head} {one_type.group(2)} is none of {values}"
+    if one_type and (values := literal_values(one_type.group(1))):  # --data.augment=x
+        return f"{head} {one_type.group(2)} is none of {', '.join(values)}"
     # The reasons of a union's subtypes ("- Option 'y' is not accepted"), and the value given.
     details = [line for line in lines[2:] if line.startswith(("- ", "Given value:"))]
     return "; ".join([" ".join([head, *lines[1:2]]), *details])
 
 
 VALUE_TYPES = {"int": "a whole number", "float": "a number", "bool": "true or false", "NoneType": "null"}
+
+
+def literal_values(type_name: str) -> list[str]:
+    """The values of `typing.Literal['a', 'b']` as jsonargparse prints it; none for another type."""
+    literal = re.fullmatch(r"typing\.Literal\[(.*)\]", type_name)
+    return [value.strip(" '") for value in literal.group(1).split(",")] if literal else []
 
 
 def union_problem(message: str) -> str | None:
@@ -214,8 +219,8 @@ def union_problem(message: str) -> str | None:
     subtypes = re.search(r"^\s*Subtypes: \[(.*)\]$", message, re.MULTILINE)
     takes: dict[str, None] = {}  # what the option takes, in words: a whole number, auto
     for subtype in re.split(r",\s*(?![^\[]*\])", subtypes.group(1)) if subtypes else []:
-        if literal := re.fullmatch(r"typing\.Literal\[(.*)\]", subtype):
-            takes.update(dict.fromkeys(value.strip(" '") for value in literal.group(1).split(",")))
+        if values := literal_values(subtype):
+            takes.update(dict.fromkeys(values))
         elif subtype in VALUE_TYPES:
             takes[VALUE_TYPES[subtype]] = None
         else:

@@ -46,7 +46,7 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
     stop interrupted goes on from its last.ckpt, in its own run folder. The validation metrics of the
     best checkpoint."""
     one_device = ["--trainer.devices=1", "--trainer.num_nodes=1", f"--trainer.logger.init_args.save_dir={folder}"]
-    unfinished = [last for last in last_checkpoints(folder) if not finished(last)] if folder.is_dir() else []
+    unfinished = [last for last in last_checkpoints(folder) if not finished(last)]
     resumed = unfinished[-1] if unfinished else None
     if resumed is not None:
         print(f"Resuming from {resumed}", flush=True)
