@@ -2,6 +2,7 @@
 
 import csv
 import shutil
+from pathlib import Path
 
 import pytest
 from conftest import ON_CPU, on_data, refusal, run_cli, run_command
@@ -125,6 +126,21 @@ def test_the_default_checkpoint_is_the_best_that_training_recorded(monkeypatch, 
     capsys.readouterr()
     classify(monkeypatch, str(tiny_shapes / "test"), "--runs=.")
     assert f"{best.name}: predictions.csv" in capsys.readouterr().err
+
+
+def test_classify_and_report_look_for_the_newest_run_where_the_configs_put_runs(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    recipe = in_project_copy / "configs" / "default.yaml"
+    recipe.write_text(recipe.read_text().replace("save_dir: runs", "save_dir: experiments"))
+    run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1")  # fmt: skip
+    (best,) = Path("experiments").glob("*/*/checkpoints/epoch*.ckpt")
+    capsys.readouterr()
+    classify(monkeypatch, str(tiny_shapes / "test"))
+    assert f"with {best}" in capsys.readouterr().err
+    run_command(monkeypatch, "report")
+    assert capsys.readouterr().out.startswith(f"Wrote {best.parent.parent / 'reports' / 'curves.png'}")
 
 
 def test_predict_writes_each_test_images_top_classes_as_classify_does(monkeypatch, trained, tiny_shapes):

@@ -22,6 +22,7 @@ from {{ cookiecutter.package_name }} import data as data_module
 from {{ cookiecutter.package_name }}.data import ImageDataModule, auto_workers, stratified_split
 from {{ cookiecutter.package_name }}.datasets.images import read_rgb
 from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
+from {{ cookiecutter.package_name }}.errors import DataError
 from {{ cookiecutter.package_name }}.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 
@@ -35,17 +36,44 @@ def make_folder(root, counts: dict[str, int], size: int = 20):
 
 def test_stratified_split_keeps_class_shares_and_is_seeded():
     labels = [0] * 50 + [1] * 30 + [2] * 20
-    train, val = stratified_split(labels, 0.2, seed=0)
+    names = [f"{label}/{index:03d}.jpg" for index, label in enumerate(labels)]
+    train, val = stratified_split(names, labels, 0.2, seed=0)
     assert not set(train) & set(val)
     assert sorted(train + val) == list(range(100))
     assert Counter(labels[i] for i in val) == {0: 10, 1: 6, 2: 4}
-    assert stratified_split(labels, 0.2, seed=0) == (train, val)
-    assert stratified_split(labels, 0.2, seed=1) != (train, val)
+    assert stratified_split(names, labels, 0.2, seed=0) == (train, val)
+    assert stratified_split(names, labels, 0.2, seed=1) != (train, val)
+
+
+def test_an_image_removed_or_added_moves_at_most_one_other_across_the_split():
+    names = [f"cat/{index:03d}.jpg" for index in range(45)]
+
+    def held_out(kept: list[str]) -> set[str]:
+        return {kept[i] for i in stratified_split(kept, [0] * len(kept), 0.2, seed=0)[1]}
+
+    val = held_out(names)
+    assert len(val) == 9
+    for removed in names[:10]:  # removing one (a bad image, as its error says): 9 of 44 held out still
+        left = [name for name in names if name != removed]
+        assert len(held_out(left) - val) <= 1 and len(val - {removed} - held_out(left)) <= 1
+    for added in (f"cat/new-{index}.jpg" for index in range(10)):
+        moved_to_training = val - held_out([*names, added])
+        assert len(moved_to_training) <= 1
 
 
 def test_split_holds_out_one_image_of_small_classes_and_keeps_one_for_training():
-    train, val = stratified_split([0, 0, 1], 0.1, seed=0)
+    train, val = stratified_split(["a/1.jpg", "a/2.jpg", "b/1.jpg"], [0, 0, 1], 0.1, seed=0)
     assert len(val) == 1 and {0, 1} <= {[0, 0, 1][i] for i in train}
+
+
+def test_a_class_folder_of_which_no_image_can_be_read_is_refused(tmp_path):
+    data = make_folder(tmp_path, {"cat": 4, "dog": 4})
+    for image in (data / "dog").iterdir():
+        image.write_bytes(b"")  # the skips alone would train and validate without the class
+    with pytest.raises(DataError, match=r"^No image in the class folder\(s\) 'dog' of .+ can be read: replace"):
+        ImageDataModule(data, num_workers=0).setup("fit")
+    (data / "dog" / "fine.png").write_bytes((data / "cat" / "0.png").read_bytes())
+    ImageDataModule(data, num_workers=0).setup("fit")  # one readable image is enough to train the class
 
 
 def test_single_folder_is_split_per_class(tmp_path):
@@ -297,6 +325,15 @@ def test_unreadable_images_are_skipped_with_a_warning_naming_them(tmp_path):
     skipped = [str(w.message) for w in caught if "unreadable image" in str(w.message)]
     assert any("garbage.jpg" in message for message in skipped)
     assert len(labels) == len(data.train_set) - len(skipped)
+
+
+def test_a_batch_of_unreadable_images_alone_stops_with_the_fix(tmp_path):
+    data = ImageDataModule(with_broken_images(tmp_path), num_workers=0, batch_size=1, val_fraction=0.1)
+    data.setup("fit")
+    fix = r"batch \(1\) was unreadable.*: remove or replace the files the warnings above name"
+    with pytest.raises(DataError, match=fix), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        list(data.val_dataloader()) + list(data.train_dataloader())
 
 
 def test_unreadable_image_can_stop_the_run_naming_the_file(tmp_path):

@@ -367,6 +367,23 @@ def sbatch(project: Path, env: dict[str, str], *args: str) -> subprocess.Complet
     return run_group(command, TIMEOUT, cwd=project, env=env)
 
 
+@pytest.mark.parametrize(("given", "first"), [(["--ckpt_path", "last"], "last"), (["--ckpt_path=a.ckpt"], "a.ckpt"),
+                                              ([], "auto")])  # fmt: skip
+def test_a_slurm_jobs_first_start_keeps_the_ckpt_path_given_and_a_requeued_one_goes_on_from_its_run(
+    in_project_copy, given, first
+):
+    env = fake_slurm(in_project_copy, tasks=1, job_id="31")
+    (in_project_copy / "fake-slurm" / "srun").write_text('#!/usr/bin/env bash\necho "$@"\n')  # the command only
+    for restarts, expected in (("0", first), ("1", "auto")):
+        started = run_group(["bash", str(PROJECT_ROOT / "scripts" / "slurm.sbatch"), *given], TIMEOUT,
+                            cwd=in_project_copy, env=env | {"SLURM_RESTART_COUNT": restarts})  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        args = started.stdout.split()
+        values = [args[i + 1] if arg == "--ckpt_path" else arg.partition("=")[2]
+                  for i, arg in enumerate(args) if arg.partition("=")[0] == "--ckpt_path"]  # fmt: skip
+        assert values[-1] == expected, args  # the last one given is the one jsonargparse takes
+
+
 def test_slurm_job_runs_in_lightnings_slurm_environment(in_project_copy, tiny_shapes):
     ranks = in_project_copy / "ranks"
     env = fake_slurm(in_project_copy, tasks=2, job_id="4242")

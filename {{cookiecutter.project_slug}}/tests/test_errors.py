@@ -73,6 +73,13 @@ def fit(data_dir, *args: str) -> list[str]:
             "error: EarlyStopping: `mode` can be min, max, got maxx",
         ),
         ([EMA, "--trainer.callbacks.decay=1.5"], "error: ModelEMA decay must be between 0 and 1, got 1.5"),
+        ([EMA, EMA], "error: --trainer.callbacks lists ModelEMA twice with the same settings (each config file's"),
+        # An option before a config file that sets it too: replaced by the file's value, which trained 60 epochs.
+        (
+            ["--trainer.max_epochs", "1", "--config", "configs/recipe/scratch.yaml"],
+            "error: --trainer.max_epochs comes before --config configs/recipe/scratch.yaml, which sets it too and so "
+            "replaces it: put --config first, then the options that change it.",
+        ),
         ([PREDICTIONS, "--trainer.callbacks.top_k=0"], "error: PredictionsCSV top_k must be 1 or more, got 0"),
         # The config's EarlyStopping is not the last callback: its options are the config's to set.
         (["--trainer.callbacks.patience=3"], "no option 'patience': --trainer.callbacks.<option> sets the last one"),

@@ -14,6 +14,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from PIL import Image
 from torchvision.ops import StochasticDepth
 
+from {{ cookiecutter.package_name }} import model as model_module
 from {{ cookiecutter.package_name }}.backbone import build_backbone, head_names
 from {{ cookiecutter.package_name }}.cli import build
 from {{ cookiecutter.package_name }}.data import ImageDataModule
@@ -217,13 +218,28 @@ def test_a_backbone_frozen_for_the_whole_run_is_refused(monkeypatch, capsys, in_
 def test_a_checkpoint_of_another_optimizer_layout_is_refused_in_one_line(monkeypatch, capsys, trained, tiny_shapes):
     (last,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
     saved = torch.load(last, weights_only=True)
-    saved["optimizer_states"][0]["param_groups"] = saved["optimizer_states"][0]["param_groups"][:2]  # as before
+    earlier = json.loads(json.dumps(saved["optimizer_states"][0]["param_groups"]))
+    saved["optimizer_states"][0]["param_groups"] = earlier[:2]  # as an earlier version saved them
     torch.save(saved, last)
     capsys.readouterr()  # the training's output
     # With the default logger: refused before it starts, so the line is the whole output (no W&B header).
-    message = refusal(monkeypatch, capsys, "fit", *ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=2",
-                      f"--ckpt_path={last}")  # fmt: skip
-    assert "The checkpoint's optimizer has 2 parameter groups and this model's 4" in message
+    resume = ["fit", *ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=2", f"--ckpt_path={last}"]
+    message = refusal(monkeypatch, capsys, *resume)
+    assert "The checkpoint's optimizer has 2 parameter groups and this model's 4: the trainable" in message
+
+    # As many groups, of other sizes: a layer frozen with requires_grad in model.py since (torch's traceback).
+    saved["optimizer_states"][0]["param_groups"] = earlier
+    torch.save(saved, last)
+    build = model_module.build_backbone
+
+    def with_layer1_frozen(*args):
+        backbone = build(*args)
+        backbone.layer1.requires_grad_(False)
+        return backbone
+
+    monkeypatch.setattr(model_module, "build_backbone", with_layer1_frozen)
+    message = refusal(monkeypatch, capsys, *resume)
+    assert "The checkpoint's optimizer has parameter groups of [" in message and "model.py edited" in message
 
 
 def test_the_backbone_learning_rate_is_a_share_of_the_heads(in_project_copy, tiny_shapes):

@@ -386,8 +386,8 @@ def test_auto_refuses_to_continue_a_run_with_other_data_model_or_schedule_option
     assert run_folders(in_project_copy) == [run] and (run / "checkpoints" / "finished.json").is_file()
     # The learning rate goes on from the checkpoint's, which the smaller batch would have scaled for a new run.
     # 0.002 x 4 / 64 as trained; 0.01 x 2 / 64 for a new run.
-    assert "Learning rate 0.000125, the checkpoint's, restored with its optimizer; these settings would give a new " \
-           "run 0.000313" in caplog.text  # fmt: skip
+    said = r"Learning rate 0.000125 at its peak \([\d.e-]+ at this step of its schedule\), the checkpoint's, restored"
+    assert re.search(said + " with its optimizer; these settings would give a new run 0.000313", caplog.text)
     assert "Learning rate 0.000313 = " not in caplog.text
 
 
@@ -427,6 +427,31 @@ def test_an_evaluation_logs_into_the_run_of_its_checkpoint_at_its_step(monkeypat
     same_weights = fit_validations[-1]  # the fit's validation of last.ckpt's weights, after 6 steps
     assert (validated["step"], validated["epoch"]) == (same_weights["step"], same_weights["epoch"]) == ("5", "1")
     assert validated["val/acc"] == same_weights["val/acc"]
+
+
+def test_an_evaluation_is_on_the_data_and_split_its_checkpoint_was_trained_on(
+    monkeypatch, caplog, in_project_copy, tiny_shapes, tmp_path
+):
+    # One folder of class folders, split by split_seed: the configs' data is another dataset, and
+    # another seed's validation images would include training ones.
+    flat = tmp_path / "flat"
+    for folder in (tiny_shapes / "train").iterdir():
+        shutil.copytree(folder, flat / folder.name)
+    run_cli(monkeypatch, "fit", *TRAINER, *data(flat), "--data.split_seed=7", "--data.val_fraction=0.25",
+            "--trainer.max_epochs=1", "--trainer.limit_train_batches=2")  # fmt: skip
+    run_cli(monkeypatch, "validate", *TRAINER, "--data.num_workers=0", "--ckpt_path=last")
+    trained_on = f"--data.data_dir {flat} --data.synthetic false --data.val_fraction 0.25 --data.split_seed 7"
+    assert f"On the data the checkpoint was trained on: {trained_on} (options given here" in caplog.text
+    (run,) = run_folders(in_project_copy)
+    with (run / "metrics.csv").open(newline="") as file:
+        fitted, validated = [row for row in csv.DictReader(file) if row.get("val/acc")]
+    same = ("step", "val/acc", "val/loss")
+    assert [validated[key] for key in same] == [fitted[key] for key in same]
+
+    # An option given on the command line is this evaluation's: the others are still the checkpoint's.
+    caplog.clear()
+    run_cli(monkeypatch, "validate", *TRAINER, "--data.num_workers=0", "--ckpt_path=last", "--data.split_seed=7")
+    assert f"trained on: --data.data_dir {flat} --data.synthetic false --data.val_fraction 0.25 (options" in caplog.text
 
 
 def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in_project_copy, tiny_shapes):
@@ -529,6 +554,15 @@ def test_sigkill_mid_epoch_loses_only_the_work_since_the_last_checkpoint(in_proj
 
     finish_with_auto_resume(groups, in_project_copy, tiny_shapes)
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
+    # The steps logged after that checkpoint (step 19's, at log_every_n_steps 10) were lost with the
+    # process and trained again: logged once, as by a run never killed.
+    with (run / "metrics.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    counters = ("step", "epoch")  # Lightning gives each row its epoch: a step's training and validation rows too
+    logged = [(row["step"], name) for row in rows for name, value in row.items() if value and name not in counters]
+    assert [step for step, name in logged if name == "train/loss_step"] == ["9", "19", "29"]
+    assert [step for step, name in logged if name == "val/acc"] == ["17", "35"]
+    assert len(logged) == len(set(logged)), "a metric logged twice at a step"
 
 
 def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_project_copy, tiny_shapes, groups):

@@ -51,6 +51,7 @@ from .training.resume import (
     as_plain,
     check_checkpoint,
     chosen_runs,
+    evaluate_on_trained_data,
     first_logger,
     resolve_resume,
     resume_command,
@@ -425,7 +426,7 @@ class ClassifierCLI(LightningCLI):
         asked = as_plain(self.config[subcommand].get("model")) if subcommand else {}
         super()._parse_ckpt_path()
         built = as_plain(self.config[subcommand].get("model")) if subcommand else {}
-        dropped = [name for name in sorted(model_options_given(GIVEN)) if asked.get(name) != built.get(name)]
+        dropped = [name for name in sorted(options_given(GIVEN, "model")) if asked.get(name) != built.get(name)]
         if dropped:
             options = ", ".join(f"--model.{name} {asked.get(name)!r}" for name in dropped)
             fix = "start a new run without --ckpt_path" if subcommand == "fit" else "evaluate another checkpoint"
@@ -480,6 +481,8 @@ class ClassifierCLI(LightningCLI):
             # The model is the checkpoint's, as Lightning makes it for a --ckpt_path given, also for the
             # one found here: a backbone changed in the configs since is for the next fit.
             self._parse_ckpt_path()
+            config = self.config[self.subcommand]  # a new namespace, with the checkpoint's model
+            evaluate_on_trained_data(config, options_given(GIVEN, "data"))
         logger = first_logger(config.trainer)
         if is_first_process() and logger is not None and (run := chosen_runs(logger)) != run_root(logger):
             hold_run(run, self.subcommand)  # a run in use is refused before this logger starts
@@ -506,9 +509,14 @@ class ClassifierCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs) -> Trainer:
         try:
             trainer = super().instantiate_trainer(**kwargs)
-        except (ValueError, TypeError, ModuleNotFoundError) as error:
+        except (ValueError, TypeError, RuntimeError, ModuleNotFoundError) as error:
             if not traceback.extract_tb(error.__traceback__)[-1].filename.startswith(LIGHTNING_SOURCE):
                 raise  # not Lightning's refusal of a setting
+            if twice := re.search(r"more than one stateful callback of type `(\w+)`", str(error)):
+                raise ConfigError(
+                    f"--trainer.callbacks lists {twice.group(1)} twice with the same settings (each config file's "
+                    "callbacks+ and each --trainer.callbacks+= add one): keep one."
+                ) from error
             raise ConfigError(one_line(error)) from error
         if not sys.stdout.isatty():
             # A live bar prints nothing into a file or pipe (a SLURM log, `| tee`) until the run ends.
@@ -524,7 +532,8 @@ class ClassifierCLI(LightningCLI):
         check_same_classes(saved.get("hyper_parameters", {}).get("class_names"), self.datamodule.class_names)
         check_same_architecture(saved, self.model)
         if self.subcommand == "fit" and (states := saved.get("optimizer_states")):
-            check_same_optimizer_layout(len(states[0]["param_groups"]), len(self.model.parameter_groups()))
+            check_same_optimizer_layout([len(group["params"]) for group in states[0]["param_groups"]],
+                                        [len(group["params"]) for group in self.model.parameter_groups()])  # fmt: skip
         if self.subcommand == "fit" and self.trainer.limit_val_batches == 0:
             self.say_validation_off()
         self.datamodule.check_folders()
@@ -577,18 +586,36 @@ def refusal_inside(error: BaseException) -> str | None:
     return None
 
 
-def place_runs(trainer: Namespace) -> None:
+def place_runs(trainer: Namespace, check: bool = True) -> None:
     """Runs go where the logger's save_dir says, under trainer.default_root_dir when one is given
     (Lightning would otherwise ignore it beside a logger); refused in one line where they cannot be written."""
     logger = first_logger(trainer)
     if logger is None:
-        check_writable(Path(trainer.default_root_dir or "."), "--trainer.default_root_dir")
+        if check:
+            check_writable(Path(trainer.default_root_dir or "."), "--trainer.default_root_dir")
         return
     save_dir = Path(logger.init_args.get("save_dir") or ".")
     if trainer.default_root_dir and not save_dir.is_absolute():
         logger.init_args.save_dir = str(Path(trainer.default_root_dir) / save_dir)
     option = "--trainer.default_root_dir" if trainer.default_root_dir else "--trainer.logger.save_dir"
-    check_writable(Path(logger.init_args.save_dir or "."), option)
+    if check:
+        check_writable(Path(logger.init_args.save_dir or "."), option)
+
+
+def configured_runs() -> Path:
+    """Where `fit` puts its runs with the configs as they are: where classify, report{{ " and serve" if cookiecutter.serving == "yes" }} look for
+    the newest one, so that a save_dir or default_root_dir set in a config is theirs too."""
+    trainer = as_namespace(resolved_config([])["trainer"])
+    place_runs(trainer, check=False)
+    logger = first_logger(trainer)
+    return run_root(logger) if logger is not None else Path(trainer.default_root_dir or ".")
+
+
+def as_namespace(value):
+    """Options read from YAML as the parser holds them: dicts as namespaces, in lists too."""
+    if isinstance(value, dict):
+        return Namespace(**{key: as_namespace(item) for key, item in value.items()})
+    return [as_namespace(item) for item in value] if isinstance(value, list) else value
 
 
 def build(cli_args: list[str], keep_config: bool = False) -> ClassifierCLI:
@@ -651,15 +678,15 @@ def main(args: list[str] | None = None) -> None:
         GIVEN.clear()
 
 
-def model_options_given(args: list[str]) -> set[str]:
-    """The model options named on a command line: each --model.<name>, and those of a whole --model
-    (a YAML file or text, as jsonargparse takes it)."""
+def options_given(args: list[str], group: str) -> set[str]:
+    """The options of a group (model, data) named on a command line: each --<group>.<name>, and those
+    of a whole --<group> (a YAML file or text, as jsonargparse takes it)."""
     names = set()
     for index, arg in enumerate(args):
         option, has_value, value = arg.partition("=")
-        if option.startswith("--model."):
-            names.add(option.removeprefix("--model."))
-        elif option == "--model":
+        if option.startswith(f"--{group}."):
+            names.add(option.removeprefix(f"--{group}."))
+        elif option == f"--{group}":
             value = value if has_value else next(iter(args[index + 1 :]), "")
             try:
                 text = Path(value).read_text()
@@ -687,11 +714,45 @@ def run_command(command: list[str], args: list[str] | None) -> None:
     if command[:1] and command[0] in TOOLS:
         module, _, function = TOOLS[command[0]].partition(":")
         sys.exit(getattr(importlib.import_module(f".commands.{module}", PACKAGE), function or "main")(command[1:]))
+    check_config_order(command)
     defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())
         print(f"No {missing} in {Path.cwd()}: run from the project folder or pass --config.", file=sys.stderr)
     run_cli(defaults, args)
+
+
+def check_config_order(args: list[str]) -> None:
+    """Refuse an option given before a --config file that sets it too: jsonargparse applies both in
+    their order, and the file's value would replace the option's without a word."""
+    given: dict[str, str] = {}  # each option so far, by its key in a config file (trainer.max_epochs)
+    for index, arg in enumerate(args):
+        option, has_value, value = arg.partition("=")
+        if option != "--config":
+            if option.startswith("--") and not option.endswith("+"):
+                given[option.removeprefix("--")] = option
+            continue
+        path = value if has_value else next(iter(args[index + 1 :]), "")
+        try:
+            keys = set(config_keys(yaml.safe_load(Path(path).read_text())))
+        except (OSError, yaml.YAMLError):  # the parser says what is wrong with the file
+            continue
+        if replaced := [option for key, option in given.items() if key in keys]:
+            raise ConfigError(
+                f"{replaced[0]} comes before --config {path}, which sets it too and so replaces it: put "
+                "--config first, then the options that change it."
+            )
+
+
+def config_keys(section, prefix: str = ""):
+    """The option keys a config file sets (trainer.max_epochs, trainer.logger.save_dir), as
+    --trainer.max_epochs names them: a class's init_args are its options."""
+    if not isinstance(section, dict):
+        yield prefix
+        return
+    for name, value in section.items():
+        key = prefix if name == "init_args" else f"{prefix}.{name}" if prefix else str(name)
+        yield from config_keys(value, key)
 
 
 def run_cli(defaults: list[str], args: list[str] | None) -> None:

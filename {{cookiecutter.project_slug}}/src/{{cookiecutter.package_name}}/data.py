@@ -1,6 +1,7 @@
 """ImageDataModule: ImageFolder-style data, split, transformed and loaded."""
 
 import functools
+import hashlib
 import multiprocessing
 import os
 import sys
@@ -19,7 +20,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from .datasets import shapes
-from .datasets.images import ImageFiles, collate_readable
+from .datasets.images import ImageFiles, collate_readable, first_readable
 from .datasets.sampling import (
     ClassBalancedSampler,
     EpochSampler,
@@ -72,7 +73,7 @@ class ImageDataModule(L.LightningDataModule):
         image_size: Side in pixels of the square images the model sees.
         val_fraction: Share of each class held out for validation when there is no `val/` folder.
         split_seed: Seed of that split (or of the folds); keep it fixed so validation images never
-            leak into training.
+            leak into training (an image added or removed moves at most one other across the split).
         num_folds: Cut the training images into this many stratified folds (2 or more), one of which
             is validated on (cross-validation).
         fold: The fold validated on, from 0 to num_folds - 1.
@@ -636,7 +637,8 @@ def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split
         splits = {"train": find_images(train_dir, classes), "val": find_images(val_dir, classes)}
     else:
         samples = find_images(train_dir, classes)
-        train, val = stratified_split([label for _, label in samples], val_fraction, split_seed)
+        names = [os.path.relpath(path, train_dir) for path, _ in samples]
+        train, val = stratified_split(names, [label for _, label in samples], val_fraction, split_seed)
         splits = {"train": [samples[i] for i in train], "val": [samples[i] for i in val]}
     return with_test_split(splits, data_dir, classes)
 
@@ -706,17 +708,26 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     unknown = sorted(set(_subfolders(folder)) - set(classes))
     if unknown:
         raise DataError(f"{folder} has class folders the training data lacks: {', '.join(unknown)}")
-    samples, empty = [], []
+    samples, empty, unreadable = [], [], []
     for label, name in enumerate(classes):
         class_dir = folder / name
         paths = sorted(image_files_under(class_dir))
         if class_dir.is_dir() and not paths:
-            empty.append(name)
+            empty.append(repr(name))
+        # Skipped one by one in training, a class's images all unreadable would leave it untrained, and
+        # validated on nothing: its accuracy out of every metric, with no word but the skips'.
+        elif paths and first_readable(paths) is None:
+            unreadable.append(repr(name))
         samples += [(path, label) for path in paths]
     if empty:
         raise DataError(
             f"No images ({', '.join(IMG_EXTENSIONS)}) in the class folder(s) {', '.join(empty)} of {folder}: "
             "add images or remove the folders."
+        )
+    if unreadable:
+        raise DataError(
+            f"No image in the class folder(s) {', '.join(unreadable)} of {folder} can be read: replace the "
+            "files, or remove the folders."
         )
     return samples
 
@@ -736,16 +747,19 @@ def _subfolders(folder: Path) -> list[str]:
     return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
 
 
-def stratified_split(labels: list[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+def stratified_split(
+    names: list[str], labels: list[int], val_fraction: float, seed: int
+) -> tuple[list[int], list[int]]:
     """Indices of a train/val split that holds out `val_fraction` of each class (at least one image
-    of each class that has two or more)."""
-    generator = torch.Generator().manual_seed(seed)
+    of each class that has two or more). Each class is ordered by a seeded hash of each image's name
+    rather than shuffled by position, so that an image added or removed (a bad one, say) moves at
+    most one other of its class across the split, not most of them into training."""
     by_class: dict[int, list[int]] = {}
     for index, label in enumerate(labels):
         by_class.setdefault(label, []).append(index)
     train, val = [], []
     for indices in by_class.values():
-        order = [indices[i] for i in torch.randperm(len(indices), generator=generator).tolist()]
+        order = sorted(indices, key=lambda i: hashlib.blake2b(f"{seed}/{names[i]}".encode(), digest_size=8).digest())
         n_val = min(len(order) - 1, max(1, round(len(order) * val_fraction)))
         val += order[:n_val]
         train += order[n_val:]

@@ -23,6 +23,7 @@ from .hardware.sharding import cast_buffers_with_parameters, fully_shard_blocks,
 from .training import random_state
 from .training.batch_mixing import BatchMixing
 from .training.checkpoint_io import write_whole
+from .training.csv_logging import forget_rows_from
 from .training.metrics import MeanPerImage, classification_metrics
 from .training.reports import write_report
 from .training.run_folders import mark_finished, mark_unfinished
@@ -136,7 +137,7 @@ class ImageClassifier(L.LightningModule):
         # buffer: ModelEMA copies the model before that, and pairs the copy's buffers with the model's.
         self.loss_weights: torch.Tensor | None = None
         # The parameter groups of a checkpoint's optimizer, to refuse one this model's cannot load.
-        self._saved_group_count: int | None = None
+        self._saved_group_sizes: list[int] | None = None
         self._resumed_random_state: dict | None = None  # a checkpoint's (training/random_state.py), for on_train_start
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = classification_metrics(num_classes, "train/")
@@ -292,7 +293,7 @@ class ImageClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         groups = self.parameter_groups()
-        check_same_optimizer_layout(self._saved_group_count, len(groups))
+        check_same_optimizer_layout(self._saved_group_sizes, [len(group["params"]) for group in groups])
         resumed = self.trainer.ckpt_path is not None  # its optimizer's state, learning rates included, follows
         if self._offloads_optimizer():
             # DeepSpeed steps an offloaded optimizer on the CPU and accepts only its own fused CPU
@@ -435,7 +436,7 @@ class ImageClassifier(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if states := checkpoint.get("optimizer_states"):
-            self._saved_group_count = len(states[0]["param_groups"])
+            self._saved_group_sizes = [len(group["params"]) for group in states[0]["param_groups"]]
         self.trained_until = {"epoch": checkpoint.get("epoch", 0), "step": checkpoint.get("global_step", 0)}
         self._resumed_random_state = checkpoint.get("random_state")
         check_same_classes(checkpoint.get("hyper_parameters", {}).get("class_names"), self.hparams.class_names)
@@ -448,16 +449,22 @@ class ImageClassifier(L.LightningModule):
             self._resumed_random_state = None
         if self.trainer.ckpt_path is not None:
             self.say_restored_lr()
+            if (folder := self._checkpoint_folder()) is not None:
+                forget_rows_from(folder.parent / "metrics.csv", self.trainer.global_step)
 
     def say_restored_lr(self) -> None:
         """The learning rate a resumed run goes on with: its checkpoint's, which other settings (the
         devices, accumulation) would have scaled otherwise for a new run."""
         scheduler = self.lr_schedulers()
         names = [group.get("name") for group in scheduler.optimizer.param_groups]
-        restored = scheduler.base_lrs[names.index("head") if "head" in names else 0]
+        head = names.index("head") if "head" in names else 0
+        restored, now = scheduler.base_lrs[head], scheduler.get_last_lr()[head]
         scaled = self.scaled_lr()
         other = "" if math.isclose(restored, scaled) else f"; these settings would give a new run {scaled:.3g}"
-        rank_zero_info(f"Learning rate {restored:.3g}, the checkpoint's, restored with its optimizer{other}")
+        rank_zero_info(
+            f"Learning rate {restored:.3g} at its peak ({now:.3g} at this step of its schedule), the checkpoint's, "
+            f"restored with its optimizer{other}"
+        )
 
     def on_fit_start(self) -> None:
         if (folder := self._checkpoint_folder()) is None:
@@ -499,13 +506,18 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def check_same_optimizer_layout(saved_groups: int | None, groups: int) -> None:
-    """Refuse to resume an optimizer whose parameter groups are not this model's."""
-    if saved_groups not in (None, groups):
-        raise ConfigError(
-            f"The checkpoint's optimizer has {saved_groups} parameter groups and this model's {groups}: it was "
-            "written by an earlier version of the project. Resume it with that version, or start a new run."
-        )
+def check_same_optimizer_layout(saved: list[int] | None, ours: list[int]) -> None:
+    """Refuse to resume an optimizer whose parameter groups (their tensor counts) are not this model's:
+    torch would stop on them with a traceback, or, same in size, pair moments with other tensors."""
+    if saved is None or saved == ours:
+        return
+    said = (f"{len(saved)} parameter groups and this model's {len(ours)}" if len(saved) != len(ours)
+            else f"parameter groups of {saved} tensors and this model's of {ours}")  # fmt: skip
+    raise ConfigError(
+        f"The checkpoint's optimizer has {said}: the trainable parameters changed since it was saved (model.py "
+        "edited, layers frozen with requires_grad, or an earlier version of the project). Resume it with the code "
+        "that saved it, or start a new run."
+    )
 
 
 def check_same_architecture(saved: dict, model: L.LightningModule) -> None:

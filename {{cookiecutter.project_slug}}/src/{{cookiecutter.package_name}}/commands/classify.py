@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from ..cli import configured_runs
 from ..data import image_files_under
 from ..datasets.images import labelled_image
 from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError
@@ -55,7 +56,7 @@ def main(args: list[str]) -> int:
     parser = CommandParser(prog=f"{PACKAGE} classify", description=__doc__.splitlines()[0])
     parser.add_argument("images", type=Path, nargs="+", help="image files or folders")
     parser.add_argument("--checkpoint", type=Path, help="a checkpoint or ONNX export (default: the newest run's best)")
-    parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")
+    parser.add_argument("--runs", type=Path, help="where the runs are (default: where fit puts them)")
     parser.add_argument("--output", type=Path, default=Path("predictions.csv"), help="the CSV to write (%(default)s)")
     parser.add_argument("--top-k", type=int, default=3, help="classes per image")
     parser.add_argument("--batch-size", type=int, default=64)
@@ -69,7 +70,7 @@ def main(args: list[str]) -> int:
 
     if options.checkpoint is not None and options.checkpoint.suffix != ".onnx":
         check_checkpoint(str(options.checkpoint), "--checkpoint")
-    checkpoint = options.checkpoint or best_checkpoint(options.runs, "--checkpoint")
+    checkpoint = options.checkpoint or best_checkpoint(options.runs or configured_runs(), "--checkpoint")
     paths = image_files(options.images)
     predictor = Predictor(checkpoint).load(options.device)
     rows = list(classify(predictor, paths, options.batch_size, options.top_k))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from ..cli import configured_runs
 from ..errors import PACKAGE, CommandParser, DataError, MissingError
 from ..training.run_folders import newest_run
 
@@ -83,10 +84,10 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], output: Path) -> lis
 
 def main(args: list[str]) -> int:
     parser = CommandParser(prog=f"{PACKAGE} report", description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, nargs="?", help="a run folder (default: the newest training run under runs/)")
-    parser.add_argument("--runs", type=Path, default=Path("runs"))
+    parser.add_argument("run", type=Path, nargs="?", help="a run folder (default: the newest training run)")
+    parser.add_argument("--runs", type=Path, help="where the runs are (default: where fit puts them)")
     options = parser.parse_args(args)
-    run = options.run or newest_run(options.runs)
+    run = options.run or newest_run(options.runs or configured_runs())
     output = run / "reports" / "curves.png"
     drawn = plot_curves(read_series(run), output)
     print(f"Wrote {output}: {', '.join(drawn)}")

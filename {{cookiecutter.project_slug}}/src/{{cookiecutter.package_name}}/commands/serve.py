@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from starlette.concurrency import run_in_threadpool
 
+from ..cli import configured_runs
 from ..datasets.images import DECODE_ERRORS
 from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training import sigterm
@@ -231,7 +232,7 @@ def check_port(host: str, port: int) -> None:
 def main(args: list[str]) -> int:
     parser = CommandParser(prog=f"{PACKAGE} serve", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a checkpoint or an .onnx export (default: the newest run's best)")
-    parser.add_argument("--runs", type=Path, default=Path("runs"), help="where to look for the default checkpoint")
+    parser.add_argument("--runs", type=Path, help="where the runs are (default: where fit puts them)")
     parser.add_argument("--host", default="127.0.0.1", choices=HOSTS, help="0.0.0.0 to be reached from other machines")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
@@ -252,7 +253,7 @@ def main(args: list[str]) -> int:
     if options.model is not None and options.model.suffix != ".onnx":
         check_checkpoint(str(options.model), "--model")
 
-    predictor = Predictor(options.model or best_checkpoint(options.runs, "--model"))
+    predictor = Predictor(options.model or best_checkpoint(options.runs or configured_runs(), "--model"))
     api = ClassifierAPI(predictor, options.top_k, options.max_batch_size, options.batch_timeout)
     server = ClassifierServer(
         api, accelerator=options.device, devices=devices, workers_per_device=options.workers_per_device,

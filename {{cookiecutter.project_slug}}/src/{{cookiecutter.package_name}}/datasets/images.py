@@ -69,8 +69,20 @@ def collate_readable(samples: list) -> list[torch.Tensor]:
     """A batch of the samples that could be read (unreadable ones come as None)."""
     readable = [sample for sample in samples if sample is not None]
     if not readable:
-        raise UnreadableImageError("Every image of a batch was unreadable: see the warnings above for the files.")
+        raise UnreadableImageError(
+            f"Every image of a batch ({len(samples)}) was unreadable, with nothing left to train or evaluate on: "
+            "remove or replace the files the warnings above name, or set a larger data.batch_size."
+        )
     return default_collate(readable)
+
+
+def first_readable(paths: list[str]) -> str | None:
+    """The first of `paths` that decodes (at one decode for most folders), or None when none does."""
+    for path in paths:
+        with contextlib.suppress(*DECODE_ERRORS):
+            read_rgb(path)
+            return path
+    return None
 
 
 def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:

@@ -5,10 +5,31 @@ what `--ckpt_path auto` does: the resumed run would wipe the metrics of the run 
 """
 
 import csv
+import io
+from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+from .checkpoint_io import write_whole
+
+
+def forget_rows_from(metrics_file: Path, step: int) -> None:
+    """Drop the rows of `step` and later from a run's metrics.csv: those the run logged after the
+    checkpoint it resumes from was written (before a SIGKILL, or a save cut short), which it logs again."""
+    if not metrics_file.is_file():
+        return
+    with metrics_file.open(newline="") as file:
+        header, *rows = list(csv.reader(file)) or [[]]
+    if "step" not in header:
+        return
+    column = header.index("step")
+    kept = [row for row in rows if not row[column:] or not row[column] or int(float(row[column])) < step]
+    if len(kept) < len(rows):
+        text = io.StringIO()
+        csv.writer(text).writerows([header, *kept])  # as Lightning writes them
+        write_whole(metrics_file, text.getvalue())
 
 
 class AppendingExperimentWriter(ExperimentWriter):

@@ -159,6 +159,24 @@ def check_same_options(config: Namespace, run: Path, requested: str) -> None:
         )
 
 
+def evaluate_on_trained_data(config: Namespace, given: set[str]) -> None:
+    """Evaluate a checkpoint on the data it was trained on: each data option the command line leaves
+    out takes the checkpoint's value (its folder, split and preprocessing), since the configs' would
+    take another dataset, or with another split_seed put training images into the validation ones.
+    How the images are loaded (batch size, workers) stays this machine's."""
+    trained = as_plain(saved_checkpoint(config.get("ckpt_path")).get("datamodule_hyper_parameters"))
+    now = as_plain(config.data)
+    kept = (*HOW_NOT_WHAT, *LINKED, "data.batch_size")
+    taken = {name: value for name, value in trained.items()
+             if name in now and name not in given and f"data.{name}" not in kept and value != now[name]}  # fmt: skip
+    for name, value in taken.items():
+        config.data[name] = value
+    if taken:
+        said = " ".join(f"--data.{name} {shlex.quote(value if isinstance(value, str) else json.dumps(value))}"
+                        for name, value in taken.items())  # fmt: skip
+        rank_zero_info(f"On the data the checkpoint was trained on: {said} (options given here evaluate on other data)")
+
+
 def run_configs(run: Path) -> list[Path]:
     """The configs a run was trained with, oldest first: config.yaml, then one per resume."""
     return [path for path in [run / "config.yaml", *sorted(run.glob("config_resumed_*.yaml"))] if path.is_file()]
