@@ -333,7 +333,7 @@ def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):
     [
         (["--model=notes.txt"], "notes.txt is not a Lightning checkpoint"),
         (["--model=broken.onnx"], "broken.onnx is not an ONNX model onnxruntime can run"),
-        ([], "No checkpoint under runs: train a model first, or pass --model."),
+        ([], "No checkpoint under .: train a model first, or pass --model."),  # no configs here to place runs
         (["--devices=two"], "--devices two: give a number of GPUs"),
         (["--port=80"], "--port 80 is out of range"),
         (["--max-batch-size=0"], "--max-batch-size, --top-k: 1 or more"),

@@ -67,7 +67,8 @@ def test_a_suggestion_that_trains_better_is_written(monkeypatch, in_project_copy
     monkeypatch.setattr(tune, "suggest_lr", lambda rates, losses: rates[-1] / 10)  # 10x the current rate
     run_command(monkeypatch, "tune", "lr", "--steps=5", "--epochs=2", *options)
     assert tuned(in_project_copy)["model"]["lr"] == pytest.approx(1e-4)
-    with_tuned = val_loss(monkeypatch, in_project_copy, *two_epochs, "--config=configs/tuned.yaml")
+    without_lr = [option for option in two_epochs if not option.startswith("--model.lr=")]
+    with_tuned = val_loss(monkeypatch, in_project_copy, "--config=configs/tuned.yaml", *without_lr)
     assert with_tuned <= val_loss(monkeypatch, in_project_copy, *two_epochs)
 
 

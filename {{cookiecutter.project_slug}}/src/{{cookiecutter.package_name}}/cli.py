@@ -728,7 +728,7 @@ def check_config_order(args: list[str]) -> None:
     given: dict[str, str] = {}  # each option so far, by its key in a config file (trainer.max_epochs)
     for index, arg in enumerate(args):
         option, has_value, value = arg.partition("=")
-        if option != "--config":
+        if option not in ("--config", "-c"):
             if option.startswith("--") and not option.endswith("+"):
                 given[option.removeprefix("--")] = option
             continue
@@ -739,7 +739,7 @@ def check_config_order(args: list[str]) -> None:
             continue
         if replaced := [option for key, option in given.items() if key in keys]:
             raise ConfigError(
-                f"{replaced[0]} comes before --config {path}, which sets it too and so replaces it: put "
+                f"{replaced[0]} comes before {option} {path}, which sets it too and so replaces it: put "
                 "--config first, then the options that change it."
             )
 
