@@ -227,17 +227,17 @@ def test_a_checkpoint_of_another_optimizer_layout_is_refused_in_one_line(monkeyp
     message = refusal(monkeypatch, capsys, *resume)
     assert "The checkpoint's optimizer has 2 parameter groups and this model's 4: the trainable" in message
 
-    # As many groups, of other sizes: a layer frozen with requires_grad in model.py since (torch's traceback).
+    # As many groups, of other sizes: a tensor frozen with requires_grad in model.py since (torch's traceback).
     saved["optimizer_states"][0]["param_groups"] = earlier
     torch.save(saved, last)
     build = model_module.build_backbone
 
-    def with_layer1_frozen(*args):
+    def with_its_stem_frozen(*args):
         backbone = build(*args)
-        backbone.layer1.requires_grad_(False)
+        next(backbone.parameters()).requires_grad_(False)  # whatever the backbone, one of its decayed group's
         return backbone
 
-    monkeypatch.setattr(model_module, "build_backbone", with_layer1_frozen)
+    monkeypatch.setattr(model_module, "build_backbone", with_its_stem_frozen)
     message = refusal(monkeypatch, capsys, *resume)
     assert "The checkpoint's optimizer has parameter groups of [" in message and "model.py edited" in message
 
