@@ -70,6 +70,21 @@ def test_class_folders_are_split_as_the_folder_format_splits_them(monkeypatch, t
         assert paths == sorted(path for path, _ in dataset.samples)
 
 
+def test_shard_leaves_the_staging_folders_of_other_shard_commands_alone(monkeypatch, tiny_shapes, tmp_path):
+    # LitData stages chunks in the machine's temporary folder and empties it as a write starts: a
+    # second shard command on the same machine deleted the first one's chunks before it uploaded them.
+    machine_temp = tmp_path / "temp"
+    monkeypatch.setattr(tempfile, "tempdir", str(machine_temp))
+    others = [machine_temp / "chunks" / "chunk-0-0.bin", machine_temp / "data" / "image.jpg"]
+    for staged in others:
+        staged.parent.mkdir(parents=True)
+        staged.write_bytes(b"another shard command's")
+    shard(monkeypatch, tiny_shapes, tmp_path / "shards")
+    assert all(staged.read_bytes() == b"another shard command's" for staged in others)
+    assert sorted(path.name for path in machine_temp.iterdir()) == ["chunks", "data"]  # its own folder is gone
+    assert len(stored(tmp_path / "shards", "train")) == 72
+
+
 def test_fit_streams_and_every_validation_image_counts_once(monkeypatch, in_project_copy, shards, tiny_shapes):
     monkeypatch.setattr(
         sys,

@@ -10,7 +10,7 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -135,11 +135,30 @@ def write_manifest(location: str, manifest: dict) -> None:
         write_whole(Path(location) / MANIFEST, text)
 
 
+@contextlib.contextmanager
+def private_optimizer_cache() -> Iterator[None]:
+    """LitData stages chunks in one folder per machine (/tmp/chunks and /tmp/data) and empties it as
+    each write starts: two shard commands at once would delete each other's chunks. Each write gets
+    its own, under DATA_OPTIMIZER_CACHE_FOLDER where the user has moved it."""
+    names = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
+    before = {name: os.environ.get(name) for name in names}
+    with tempfile.TemporaryDirectory(prefix="shard-", dir=before["DATA_OPTIMIZER_CACHE_FOLDER"]) as folder:
+        os.environ.update({names[0]: os.path.join(folder, "chunks"), names[1]: os.path.join(folder, "data")})
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
 def write_split(encode: Callable[[Any], dict], inputs: list, location: str, workers: int, chunk_bytes: str) -> None:
     """One split's samples, each encoded by `encode` in one of `workers` processes, as chunks."""
     # LitData prints a dozen status lines per split and an advert for its cloud (its workers too,
     # which fork with this redirection); its progress bar, on stderr, stays.
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), private_optimizer_cache():
         optimize(
             fn=encode,
             inputs=inputs,
