@@ -532,8 +532,7 @@ class ClassifierCLI(LightningCLI):
         check_same_classes(saved.get("hyper_parameters", {}).get("class_names"), self.datamodule.class_names)
         check_same_architecture(saved, self.model)
         if self.subcommand == "fit" and (states := saved.get("optimizer_states")):
-            check_same_optimizer_layout([len(group["params"]) for group in states[0]["param_groups"]],
-                                        [len(group["params"]) for group in self.model.parameter_groups()])  # fmt: skip
+            check_same_optimizer_layout(states[0]["param_groups"], self.model.parameter_groups())
         if self.subcommand == "fit" and self.trainer.limit_val_batches == 0:
             self.say_validation_off()
         self.datamodule.check_folders()
@@ -725,21 +724,21 @@ def run_command(command: list[str], args: list[str] | None) -> None:
 def check_config_order(args: list[str]) -> None:
     """Refuse an option given before a --config file that sets it too: jsonargparse applies both in
     their order, and the file's value would replace the option's without a word."""
-    given: dict[str, str] = {}  # each option so far, by its key in a config file (trainer.max_epochs)
+    given: list[str] = []  # each option so far, as a config file names it (trainer.max_epochs)
     for index, arg in enumerate(args):
         option, has_value, value = arg.partition("=")
         if option not in ("--config", "-c"):
             if option.startswith("--") and not option.endswith("+"):
-                given[option.removeprefix("--")] = option
+                given.append(option.removeprefix("--"))
             continue
         path = value if has_value else next(iter(args[index + 1 :]), "")
         try:
             keys = set(config_keys(yaml.safe_load(Path(path).read_text())))
         except (OSError, yaml.YAMLError):  # the parser says what is wrong with the file
             continue
-        if replaced := [option for key, option in given.items() if key in keys]:
+        if replaced := [key for key in given if key in keys]:
             raise ConfigError(
-                f"{replaced[0]} comes before {option} {path}, which sets it too and so replaces it: put "
+                f"--{replaced[0]} comes before {option} {path}, which sets it too and so replaces it: put "
                 "--config first, then the options that change it."
             )
 

@@ -137,7 +137,7 @@ class ImageClassifier(L.LightningModule):
         # buffer: ModelEMA copies the model before that, and pairs the copy's buffers with the model's.
         self.loss_weights: torch.Tensor | None = None
         # The parameter groups of a checkpoint's optimizer, to refuse one this model's cannot load.
-        self._saved_group_sizes: list[int] | None = None
+        self._saved_param_groups: list[dict] | None = None
         self._resumed_random_state: dict | None = None  # a checkpoint's (training/random_state.py), for on_train_start
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = classification_metrics(num_classes, "train/")
@@ -293,7 +293,7 @@ class ImageClassifier(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         groups = self.parameter_groups()
-        check_same_optimizer_layout(self._saved_group_sizes, [len(group["params"]) for group in groups])
+        check_same_optimizer_layout(self._saved_param_groups, groups)
         resumed = self.trainer.ckpt_path is not None  # its optimizer's state, learning rates included, follows
         if self._offloads_optimizer():
             # DeepSpeed steps an offloaded optimizer on the CPU and accepts only its own fused CPU
@@ -436,7 +436,7 @@ class ImageClassifier(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if states := checkpoint.get("optimizer_states"):
-            self._saved_group_sizes = [len(group["params"]) for group in states[0]["param_groups"]]
+            self._saved_param_groups = states[0]["param_groups"]
         self.trained_until = {"epoch": checkpoint.get("epoch", 0), "step": checkpoint.get("global_step", 0)}
         self._resumed_random_state = checkpoint.get("random_state")
         check_same_classes(checkpoint.get("hyper_parameters", {}).get("class_names"), self.hparams.class_names)
@@ -506,10 +506,13 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def check_same_optimizer_layout(saved: list[int] | None, ours: list[int]) -> None:
+def check_same_optimizer_layout(saved_groups: list[dict] | None, groups: list[dict]) -> None:
     """Refuse to resume an optimizer whose parameter groups (their tensor counts) are not this model's:
     torch would stop on them with a traceback, or, same in size, pair moments with other tensors."""
-    if saved is None or saved == ours:
+    if saved_groups is None:
+        return
+    saved, ours = ([len(group["params"]) for group in each] for each in (saved_groups, groups))
+    if saved == ours:
         return
     said = (f"{len(saved)} parameter groups and this model's {len(ours)}" if len(saved) != len(ours)
             else f"parameter groups of {saved} tensors and this model's of {ours}")  # fmt: skip

@@ -44,6 +44,9 @@ HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_m
 {%- endif %})  # fmt: skip
 # Options that the CLI links from others (add_arguments_to_parser): compared through those.
 LINKED = ("model.batch_size", "model.num_classes", "model.class_names", "data.pretrained_backbone")
+# Data options an evaluation takes from its own command and configs, not from the checkpoint: how
+# the images are read, and the batch size, which changes no evaluated number.
+EVALUATION_KEEPS = (*HOW_NOT_WHAT, *LINKED, "data.batch_size")
 # The trainer's options that set the epochs and the learning-rate schedule: continued with others,
 # the run would train to another schedule under its name (`last` is there to raise the two limits).
 SCHEDULE = ("max_epochs", "max_steps", "limit_train_batches", "accumulate_grad_batches")
@@ -163,12 +166,11 @@ def evaluate_on_trained_data(config: Namespace, given: set[str]) -> None:
     """Evaluate a checkpoint on the data it was trained on: each data option the command line leaves
     out takes the checkpoint's value (its folder, split and preprocessing), since the configs' would
     take another dataset, or with another split_seed put training images into the validation ones.
-    How the images are loaded (batch size, workers) stays this machine's."""
+    How the images are read (EVALUATION_KEEPS) stays this machine's."""
     trained = as_plain(saved_checkpoint(config.get("ckpt_path")).get("datamodule_hyper_parameters"))
     now = as_plain(config.data)
-    kept = (*HOW_NOT_WHAT, *LINKED, "data.batch_size")
-    taken = {name: value for name, value in trained.items()
-             if name in now and name not in given and f"data.{name}" not in kept and value != now[name]}  # fmt: skip
+    taken = {name: value for name, value in trained.items() if name in now and name not in given
+             and f"data.{name}" not in EVALUATION_KEEPS and value != now[name]}  # fmt: skip
     for name, value in taken.items():
         config.data[name] = value
     if taken:
