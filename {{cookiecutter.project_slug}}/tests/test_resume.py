@@ -453,6 +453,17 @@ def test_an_evaluation_is_on_the_data_and_split_its_checkpoint_was_trained_on(
     run_cli(monkeypatch, "validate", *TRAINER, "--data.num_workers=0", "--ckpt_path=last", "--data.split_seed=7")
     assert f"trained on: --data.data_dir {flat} --data.synthetic false --data.val_fraction 0.25 (options" in caplog.text
 
+    # Given and different, an option evaluates on other data: its numbers go to a new run, as they
+    # would otherwise sit in the run's curves at its step as if on its own validation images.
+    logged = (run / "metrics.csv").read_text()
+    run_cli(monkeypatch, "validate", *TRAINER, "--data.num_workers=0", "--ckpt_path=last", "--data.split_seed=8")
+    said = f"On other data than the checkpoint's (--data.split_seed): logged as a new run, not into {run.name}"
+    assert said in caplog.text
+    assert (run / "metrics.csv").read_text() == logged
+    (new,) = [path for path in run.parent.iterdir() if path != run]
+    with (new / "metrics.csv").open(newline="") as file:
+        assert [row["step"] for row in csv.DictReader(file) if row.get("val/acc")] == [fitted["step"]]
+
 
 def test_an_evaluation_without_a_run_says_to_train_first(monkeypatch, capsys, in_project_copy, tiny_shapes):
     for command in ("validate", "test", "predict"):

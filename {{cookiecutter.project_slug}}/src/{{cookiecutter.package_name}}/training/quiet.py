@@ -20,6 +20,9 @@ SILENCED_WARNINGS = [
 {%- endif %}
     # A mid-epoch checkpoint: the data module resumes the epoch's data itself (datasets/sampling.py).
     r"You're resuming from a checkpoint that ended before the epoch ended",
+    # A checkpoint of another run (a copied file, or an evaluation on other data) starts a run of its
+    # own, which keeps its own best checkpoints: the old folder's list is rightly not carried over.
+    r"The dirpath has changed from",
     # The tools (cv, sweep, tune, doctor) give LightningCLI the options of the fits they run, beside their
     # own command line: on purpose, and the warning would land inside their one-line errors.
     r"LightningCLI's args parameter is intended to run from within Python",

@@ -166,17 +166,33 @@ def evaluate_on_trained_data(config: Namespace, given: set[str]) -> None:
     """Evaluate a checkpoint on the data it was trained on: each data option the command line leaves
     out takes the checkpoint's value (its folder, split and preprocessing), since the configs' would
     take another dataset, or with another split_seed put training images into the validation ones.
-    How the images are read (EVALUATION_KEEPS) stays this machine's."""
+    How the images are read (EVALUATION_KEEPS) stays this machine's. An option given that differs
+    evaluates on other data, which logs as a new run: in the checkpoint's run, its val/ or test/
+    numbers would sit at the run's step as if they were on the run's own images."""
     trained = as_plain(saved_checkpoint(config.get("ckpt_path")).get("datamodule_hyper_parameters"))
     now = as_plain(config.data)
-    taken = {name: value for name, value in trained.items() if name in now and name not in given
-             and f"data.{name}" not in EVALUATION_KEEPS and value != now[name]}  # fmt: skip
+    differs = {name: value for name, value in trained.items() if name in now and f"data.{name}" not in EVALUATION_KEEPS
+               and not same_data_option(name, value, now[name])}  # fmt: skip
+    taken = {name: value for name, value in differs.items() if name not in given}
     for name, value in taken.items():
         config.data[name] = value
     if taken:
         said = " ".join(f"--data.{name} {shlex.quote(value if isinstance(value, str) else json.dumps(value))}"
                         for name, value in taken.items())  # fmt: skip
         rank_zero_info(f"On the data the checkpoint was trained on: {said} (options given here evaluate on other data)")
+    other = sorted(differs.keys() - taken.keys())
+    logger = first_logger(config.trainer)
+    if other and logger is not None and (run := logger.init_args.get("version")) is not None:
+        logger.init_args.version = None
+        said = ", ".join(f"--data.{name}" for name in other)
+        rank_zero_info(f"On other data than the checkpoint's ({said}): logged as a new run, not into {run}")
+
+
+def same_data_option(name: str, trained, now) -> bool:
+    """Whether an option names the same data: a data_dir as the folder it is, however written."""
+    if name == "data_dir" and isinstance(trained, str) and isinstance(now, str):
+        return os.path.realpath(trained) == os.path.realpath(now)
+    return trained == now
 
 
 def run_configs(run: Path) -> list[Path]:
