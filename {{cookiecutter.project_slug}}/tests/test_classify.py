@@ -110,6 +110,14 @@ def test_images_in_a_folder_under_a_hidden_one_are_found(tiny_shapes, tmp_path):
     assert image_files([photos]) == sorted(photos.rglob("[!.]*/*.png"))
 
 
+def test_a_folder_with_images_of_types_not_read_says_how_many(tiny_shapes, tmp_path):
+    photos = tmp_path / "photos"
+    shutil.copytree(tiny_shapes / "test" / CLASSES[0], photos)
+    (photos / "holiday.gif").write_bytes(b"")
+    with pytest.warns(UserWarning, match=rf"^Skipped 1 image file\(s\) under {photos} of types not read \(1 .gif\)"):
+        assert image_files([photos]) == sorted(photos.glob("*.png"))
+
+
 def test_the_default_checkpoint_is_the_best_that_training_recorded(monkeypatch, capsys, in_project_copy, tiny_shapes):
     # A recipe whose best checkpoint goes by the validation loss, under a name of its own.
     (in_project_copy / "mine.yaml").write_text(

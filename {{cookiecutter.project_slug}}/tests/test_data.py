@@ -246,6 +246,22 @@ def test_hidden_files_and_symlink_loops_are_not_samples(tmp_path):
     assert len(paths) == 4 and not any("/." in path for path in paths)
 
 
+def test_images_of_types_not_read_are_counted_in_one_warning(tmp_path):
+    # An iPhone's .heic photos or a scrape's .gif files were left out without a word: classes smaller than
+    # the user thinks. Other files (notes, label lists) are no images and pass unsaid.
+    make_folder(tmp_path, {"cat": 2, "dog": 2})
+    for name in ("cat/a.HEIC", "cat/b.heic", "dog/c.gif", "dog/notes.txt", "dog/.hidden.gif"):
+        (tmp_path / name).write_bytes(b"")
+    data = ImageDataModule(tmp_path, num_workers=0, val_fraction=0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data.setup("fit")
+    said = [str(warning.message) for warning in caught if "Skipped" in str(warning.message)]
+    assert said == [f"Skipped 3 image file(s) under {tmp_path} of types not read (2 .heic, 1 .gif): convert them to "
+                    ".jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp to use them."]  # fmt: skip
+    assert len(data.train_set.samples + data.val_set.samples) == 4
+
+
 def trainer_of(processes: int) -> SimpleNamespace:
     """What the data module reads of the Trainer of rank 0 of `processes`, in the first epoch."""
     first_epoch = SimpleNamespace(epoch_progress=SimpleNamespace(current=SimpleNamespace(processed=0)))

@@ -2,6 +2,7 @@
 
 import functools
 import hashlib
+import mimetypes
 import multiprocessing
 import os
 import sys
@@ -708,10 +709,10 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     unknown = sorted(set(_subfolders(folder)) - set(classes))
     if unknown:
         raise DataError(f"{folder} has class folders the training data lacks: {', '.join(unknown)}")
-    samples, empty, unreadable = [], [], []
+    samples, empty, unreadable, other_images = [], [], [], Counter()
     for label, name in enumerate(classes):
         class_dir = folder / name
-        paths = sorted(image_files_under(class_dir))
+        paths = sorted(image_files_under(class_dir, other_images))
         if class_dir.is_dir() and not paths:
             empty.append(repr(name))
         # Skipped one by one in training, a class's images all unreadable would leave it untrained, and
@@ -729,18 +730,36 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
             f"No image in the class folder(s) {', '.join(unreadable)} of {folder} can be read: replace the "
             "files, or remove the folders."
         )
+    if warning := other_images_warning(other_images, folder):
+        rank_zero_warn(warning)
     return samples
 
 
-def image_files_under(folder: Path) -> list[str]:
+def image_files_under(folder: Path, other_images: Counter | None = None) -> list[str]:
     """Image files under a folder, skipping hidden files and folders (.ipynb_checkpoints, macOS ._
     files). The folder itself or an image may be a link; a linked sub-folder is not followed, as a
-    link to a parent would label the other classes' images with this class."""
+    link to a parent would label the other classes' images with this class. Images of other types
+    (.gif, .heic) are counted by extension into `other_images`."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found += [os.path.join(root, f) for f in files if not f.startswith(".") and f.lower().endswith(IMG_EXTENSIONS)]
+        for name in (f for f in files if not f.startswith(".")):
+            if name.lower().endswith(IMG_EXTENSIONS):
+                found.append(os.path.join(root, name))
+            elif other_images is not None and (mimetypes.guess_type(name)[0] or "").startswith("image/"):
+                other_images[os.path.splitext(name)[1].lower()] += 1
     return found
+
+
+def other_images_warning(other_images: Counter, folder: Path) -> str | None:
+    """One line on the image files that `image_files_under` passed over, which a user would take for data."""
+    if not other_images:
+        return None
+    kinds = ", ".join(f"{count} {extension}" for extension, count in other_images.most_common())
+    return (
+        f"Skipped {other_images.total()} image file(s) under {folder} of types not read ({kinds}): convert them "
+        f"to {', '.join(IMG_EXTENSIONS)} to use them."
+    )
 
 
 def _subfolders(folder: Path) -> list[str]:

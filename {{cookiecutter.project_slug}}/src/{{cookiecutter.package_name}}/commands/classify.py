@@ -8,13 +8,15 @@ naming them.
 
 import csv
 import sys
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..cli import configured_runs
-from ..data import image_files_under
+from ..data import image_files_under, other_images_warning
 from ..datasets.images import labelled_image
 from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError
 from ..training.predictions import csv_header, csv_row, top_classes
@@ -27,7 +29,10 @@ def image_files(inputs: list[Path]) -> list[Path]:
     found = []
     for given in inputs:
         if given.is_dir():  # the same walk as the training data's: hidden files and folders skipped
-            images = sorted(Path(path) for path in image_files_under(given))
+            other_images = Counter()
+            images = sorted(Path(path) for path in image_files_under(given, other_images))
+            if warning := other_images_warning(other_images, given):
+                warnings.warn(warning, stacklevel=1)
             if not images:
                 raise MissingError(f"No images ({', '.join(IMG_EXTENSIONS)}) in {given} or its folders.")
             found += images
