@@ -720,6 +720,8 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
         elif paths and first_readable(paths) is None:
             unreadable.append(repr(name))
         samples += [(path, label) for path in paths]
+    if warning := other_images_warning(other_images, folder):  # first: it may say why a folder is empty
+        rank_zero_warn(warning)
     if empty:
         raise DataError(
             f"No images ({', '.join(IMG_EXTENSIONS)}) in the class folder(s) {', '.join(empty)} of {folder}: "
@@ -730,8 +732,6 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
             f"No image in the class folder(s) {', '.join(unreadable)} of {folder} can be read: replace the "
             "files, or remove the folders."
         )
-    if warning := other_images_warning(other_images, folder):
-        rank_zero_warn(warning)
     return samples
 
 
