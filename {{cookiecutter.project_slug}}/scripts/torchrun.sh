@@ -17,6 +17,11 @@ if [[ "$NNODES" != 1 && -z "${RDZV_ENDPOINT:-}" ]]; then
   echo "NNODES=$NNODES: set RDZV_ENDPOINT=<first machine's address>:29400 on every machine." >&2
   exit 2
 fi
+if [[ "$NPROC_PER_NODE" == gpu ]] && ! "${PYTHON:-python}" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  echo "error: no GPU is visible, and NPROC_PER_NODE=gpu starts one process per GPU. On CPUs, give the count and" \
+    "the accelerator: NPROC_PER_NODE=2 scripts/torchrun.sh --trainer.accelerator cpu --trainer.precision 32-true" >&2
+  exit 2
+fi
 RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29400}"
 RDZV_ID="${RDZV_ID:-{{ cookiecutter.project_slug }}}"  # the same on every machine of one job
 JOIN_TIMEOUT="${JOIN_TIMEOUT:-600}"  # seconds to wait for every machine before giving up

@@ -330,6 +330,16 @@ def test_two_nodes_through_torchrun(in_project_copy, tiny_shapes, groups):
     assert {p["environment"] for p in processes} == {"TorchElasticEnvironment"}
 
 
+def test_torchrun_without_a_gpu_says_how_to_run_on_cpus(in_project_copy):
+    # torchrun's default of one process per GPU failed with its traceback, "ValueError: Cuda is not available."
+    shutil.copytree(PROJECT_ROOT / "scripts", in_project_copy / "scripts")
+    env = command_env(CUDA_VISIBLE_DEVICES="", PYTHON=sys.executable)
+    done = subprocess.run(["bash", "scripts/torchrun.sh"], cwd=in_project_copy, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: no GPU is visible") and "NPROC_PER_NODE=2" in done.stderr
+
+
 def fake_slurm(project: Path, tasks: int, job_id: str) -> dict[str, str]:
     """The variables sbatch sets for a job of `tasks` single-task nodes, and stand-ins for srun
     (start the tasks with their own variables, as srun does) and scontrol (note its arguments)."""
