@@ -27,7 +27,7 @@ class PauseAt(L.Callback):
 
 
 def stopping(trainer: L.Trainer) -> bool:
-    """Whether the run's CheckpointOnSigterm has noted a SIGTERM."""
+    """Whether the run's CheckpointOnStop has noted a SIGTERM."""
     return any(getattr(callback, "stop_requested", False) for callback in trainer.callbacks)
 
 

@@ -413,7 +413,7 @@ def test_slurm_time_limit_saves_requeues_and_resumes(in_project_copy, tiny_shape
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
     assert (in_project_copy / "fake-slurm" / "scontrol.log").read_text().split() == ["requeue", "777"]
     (last,) = (in_project_copy / "runs" / "dist").glob("*/checkpoints/last.ckpt")
-    # Sent after CheckpointOnSigterm looked at step 3, the SIGTERM stops the run after the next step.
+    # Sent after CheckpointOnStop looked at step 3, the SIGTERM stops the run after the next step.
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 4
 
     requeued = sbatch(in_project_copy, env, *two_epochs)  # SLURM runs the same script again

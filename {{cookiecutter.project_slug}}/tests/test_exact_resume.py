@@ -119,8 +119,11 @@ def start_fit(groups, project: Path, *options: str) -> subprocess.Popen:
     return groups(command, cwd=project, env=command_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def test_sigterm_to_the_process_group_saves_within_seconds_and_resumes_exactly(in_project_copy, tiny_shapes, groups):
-    # scancel, `timeout` and a terminal's signals reach the whole process group: data workers too.
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_to_the_process_group_saves_within_seconds_and_resumes_exactly(
+    in_project_copy, tiny_shapes, groups, stop
+):
+    # scancel, `timeout` and a terminal's signals (Ctrl-C) reach the whole process group: data workers too.
     # Fewer steps an epoch than the default log interval, which Lightning warns of: log every step.
     data = [f"--data.data_dir={tiny_shapes}", "--data.synthetic=false", "--data.batch_size=8",
             "--trainer.log_every_n_steps=1"]  # fmt: skip
@@ -135,8 +138,8 @@ def test_sigterm_to_the_process_group_saves_within_seconds_and_resumes_exactly(i
         assert time.monotonic() < deadline, "the run never reached the pause"
         time.sleep(0.05)
     signalled = time.monotonic()
-    os.killpg(process.pid, signal.SIGTERM)
-    assert process.wait(timeout=60) == 128 + signal.SIGTERM, process.stderr.read().decode()[-3000:]
+    os.killpg(process.pid, stop)
+    assert process.wait(timeout=60) == 128 + stop, process.stderr.read().decode()[-3000:]
     assert time.monotonic() - signalled < 15, "a preempted run must stop well within a scheduler's grace period"
     assert last_checkpoint(in_project_copy / "runs")["global_step"] == 6
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,7 +33,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.hardware.sharding import FSDP2Strategy
-from {{ cookiecutter.package_name }}.training import checkpoint_io, resume
+from {{ cookiecutter.package_name }}.training import callbacks, checkpoint_io, resume
+from {{ cookiecutter.package_name }}.training.callbacks import CheckpointOnStop
 from {{ cookiecutter.package_name }}.training.run_folders import (
     CHOSEN,
     IN_USE,
@@ -593,15 +595,27 @@ def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_run_resumes_from_it(in_pro
     assert command.startswith("python -m {{ cookiecutter.package_name }} fit --trainer.accelerator=cpu"), told
     assert command.endswith(" --ckpt_path auto") and "PauseAt" in command, told
     (run,) = run_folders(in_project_copy)
-    # The signal came after this step's check (CheckpointOnSigterm runs before PauseAt): the next one stops.
+    # The signal came after this step's check (CheckpointOnStop runs before PauseAt): the next one stops.
     assert saved_step(run / "checkpoints" / "last.ckpt") == STEPS_PER_EPOCH + 6
 
     finish_with_auto_resume(groups, in_project_copy, tiny_shapes, *logger)
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * STEPS_PER_EPOCH
 
 
+def test_ctrl_c_twice_within_a_second_is_one_press_and_a_later_one_stops_at_once(monkeypatch):
+    # A terminal's Ctrl-C and the copy a tool passes on arrive together: the run must still save.
+    stop, trainer = CheckpointOnStop(), SimpleNamespace(is_global_zero=False)
+    clock = iter([100.0, 100.4, 101.6])
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: next(clock))
+    stop._note_interrupt(trainer, signal.SIGINT, None)
+    stop._note_interrupt(trainer, signal.SIGINT, None)
+    assert stop.stop_requested and stop.stopped_by == signal.SIGINT
+    with pytest.raises(KeyboardInterrupt):
+        stop._note_interrupt(trainer, signal.SIGINT, None)
+
+
 def test_a_sigterm_before_the_first_step_stops_the_run_after_it(monkeypatch, in_project_copy, tiny_shapes):
-    # Noted by Lightning's handler during the sanity check, before CheckpointOnSigterm's own takes over.
+    # Noted by Lightning's handler during the sanity check, before CheckpointOnStop's own takes over.
     before_training = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": None}})
     run_command(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1",
                 "--trainer.limit_val_batches=1", f"--trainer.callbacks+={before_training}", status=143)  # fmt: skip

@@ -668,10 +668,11 @@ def main(args: list[str] | None = None) -> None:
     except SIGTERMException as stopped:
         # The command that resumes comes last, after W&B's closing lines (which it prints at exit, colour
         # codes and all, unless finished here); and with a failure status, which Lightning would not give.
-        finish_wandb_run(exit_code=128 + signal.SIGTERM)
-        if is_first_process() and getattr(stopped, "saved", None):  # CheckpointOnSigterm saved the run
+        status = 128 + getattr(stopped, "signal", signal.SIGTERM)
+        finish_wandb_run(exit_code=status)
+        if is_first_process() and getattr(stopped, "saved", None):  # CheckpointOnStop saved the run
             print(f"Resume this run with: {resume_command(GIVEN)}", file=sys.stderr)
-        sys.exit(128 + signal.SIGTERM)
+        sys.exit(status)
     finally:
         release_run()  # a notebook's or a test's process goes on; other commands may write into the run
         GIVEN.clear()

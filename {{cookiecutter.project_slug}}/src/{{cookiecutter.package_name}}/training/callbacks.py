@@ -1,4 +1,4 @@
-"""Callbacks that keep a long run's progress: a checkpoint on SIGTERM, a stop on a non-finite loss,
+"""Callbacks that keep a long run's progress: a checkpoint on SIGTERM or Ctrl-C, a stop on a non-finite loss,
 and an end to processes whose launcher is gone."""
 
 import functools
@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import lightning as L
@@ -19,30 +20,51 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from ..errors import ConfigError, UserError
 
 
-class CheckpointOnSigterm(L.Callback):
-    """Save last.ckpt when the process is asked to stop: a preemption, `scancel`, a pod eviction.
+class CheckpointOnStop(L.Callback):
+    """Save last.ckpt when the process is asked to stop: a SIGTERM (a preemption, `scancel`, a pod
+    eviction) or a first Ctrl-C during training.
 
-    The SIGTERM is noted, and at the next batch boundary the processes of a multi-process run agree
+    The signal is noted, and at the next batch boundary the processes of a multi-process run agree
     on whether any of them got one, so that all stop after the same batch and save one consistent
     mid-epoch checkpoint together; `--ckpt_path auto` resumes from it. Lightning 2.6's own handler
     runs a collective inside the signal handler, which meets another process's collective of the
     step and hangs the run; this one replaces it. (Lightning's OnExceptionCheckpoint needs a fixed
-    folder and fires on every exception, a NaN stop included.)
+    folder and fires on every exception, a NaN stop included.) A second Ctrl-C stops at once,
+    unsaved, as Lightning stops at the first.
     """
 
     def __init__(self) -> None:
         self.stop_requested = False
+        self.stopped_by = signal.SIGTERM
+        self._interrupted_at: float | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # After the Trainer has installed its handlers, which restores the previous ones at the end; a
-        # SIGTERM that its handler noted before (the sanity check, set-up) stops the first step.
+        # After the Trainer has installed its handlers, which it restores at the end; a SIGTERM that
+        # its handler noted before (the sanity check, set-up) stops the first step.
         self.stop_requested = trainer.received_sigterm
         signal.signal(signal.SIGTERM, functools.partial(self._note, trainer))
+        signal.signal(signal.SIGINT, functools.partial(self._note_interrupt, trainer))
 
     def _note(self, trainer: L.Trainer, signum: int, frame) -> None:
         if not self.stop_requested and trainer.strategy.launcher is not None:
             trainer.strategy.launcher.kill(signum)  # the processes Lightning started get it too
         self.stop_requested = True
+
+    def _note_interrupt(self, trainer: L.Trainer, signum: int, frame) -> None:
+        # A terminal sends Ctrl-C to every process in its group, and the tools pass it on to the runs
+        # they start: one press may come twice. Only a press a second after the first is a second one.
+        # Not passed on: the other processes see the stop at the batch boundary.
+        if self._interrupted_at is not None:
+            if time.monotonic() - self._interrupted_at > 1.0:
+                raise KeyboardInterrupt
+            return
+        self._interrupted_at = time.monotonic()
+        if not self.stop_requested:
+            self.stopped_by = signal.SIGINT
+        self.stop_requested = True
+        if trainer.is_global_zero:  # os.write: print is not safe in a signal handler
+            said = "Ctrl-C: stopping after this training step, to save the run (Ctrl-C again: at once, unsaved)"
+            os.write(2, f"\n{said}\n".encode())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         requested = torch.tensor(int(self.stop_requested), device=trainer.strategy.root_device)
@@ -58,7 +80,9 @@ class CheckpointOnSigterm(L.Callback):
         path = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part, as sharded strategies need
         exception.saved = path  # cli.main then prints the command that resumes, as the last line
-        rank_zero_info(f"SIGTERM: saved {path} at step {trainer.global_step}.")
+        exception.signal = self.stopped_by  # and exits with the shell's status for it
+        said = "Ctrl-C" if self.stopped_by == signal.SIGINT else "SIGTERM"
+        rank_zero_info(f"{said}: saved {path} at step {trainer.global_step}.")
 
 
 class NonFiniteLossError(UserError, RuntimeError):

@@ -14,6 +14,9 @@ def leave_to(owner: int) -> None:
     once), and one from anyone else is left to `owner` while it lives; a helper whose owner has ended
     without ending it (killed outright) ends within a second. Linux only: elsewhere helpers start by
     spawn and keep the default."""
+    # Ctrl-C, which a terminal sends the whole group, is the owner's alone: a worker it ended would
+    # fail the step the owner finishes before it saves (CheckpointOnStop).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not hasattr(signal, "sigtimedwait"):
         return
     # Threads started from here on inherit the mask; one started before would take the signal itself.
