@@ -246,16 +246,32 @@ def test_hidden_files_and_symlink_loops_are_not_samples(tmp_path):
     assert len(paths) == 4 and not any("/." in path for path in paths)
 
 
-def test_images_of_types_not_read_are_counted_in_one_warning(tmp_path):
+def test_a_fit_says_how_many_images_each_split_holds(caplog, tiny_shapes, tmp_path):
+    ImageDataModule(tiny_shapes, num_workers=0).setup("fit")
+    said = "Data: 72 training and 24 validation images in 6 classes (12 training images a class) from"
+    assert f"{said} {tiny_shapes}" in caplog.text
+    make_folder(tmp_path, {"cat": 4, "dog": 9})  # no val/: a quarter of each class held out, 1 and round(2.25)
+    ImageDataModule(tmp_path, num_workers=0, val_fraction=0.25).setup("fit")
+    said = "Data: 10 training and 3 validation images in 2 classes (3 to 7 training images a class) from"
+    assert f"{said} {tmp_path}" in caplog.text
+
+
+def test_images_of_types_not_read_or_outside_the_class_folders_are_counted_in_one_warning(tmp_path):
     # An iPhone's .heic photos or a scrape's .gif files were left out without a word: classes smaller than
     # the user thinks. Other files (notes, label lists) are no images and pass unsaid.
     make_folder(tmp_path, {"cat": 2, "dog": 2})
     for name in ("cat/a.HEIC", "cat/b.heic", "dog/c.gif", "dog/notes.txt", "dog/.hidden.gif"):
         (tmp_path / name).write_bytes(b"")
+    (tmp_path / "b.png").write_bytes(b"")
+    (tmp_path / "a.jpg").write_bytes(b"")  # beside the class folders: no class of its own
     data = ImageDataModule(tmp_path, num_workers=0, val_fraction=0.5)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         data.setup("fit")
+    assert [str(warning.message) for warning in caught if "directly in" in str(warning.message)] == [
+        f"2 image(s) directly in {tmp_path} (such as a.jpg) are in no class folder, so are left out: move each into "
+        "the folder of its class."
+    ]
     said = [str(warning.message) for warning in caught if "Skipped" in str(warning.message)]
     assert said == [f"Skipped 3 image file(s) under {tmp_path} of types not read (2 .heic, 1 .gif): convert them to "
                     ".jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp to use them."]  # fmt: skip

@@ -227,6 +227,8 @@ class ImageDataModule(L.LightningDataModule):
         if not self._splits_checked:
             self._make_splits()
         self._splits_checked = False
+        if stage == "fit":
+            rank_zero_info(self.describe_splits())
         if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), self.class_names)):
             rank_zero_warn(warning)
         validates = stage in ("fit", "validate") and (self.trainer is None or self.trainer.limit_val_batches != 0)
@@ -254,6 +256,16 @@ class ImageDataModule(L.LightningDataModule):
         self.val_set = ImageFiles(splits["val"], self.preprocessing.eval_transform(), skip)
         if "test" in splits:
             self.test_set = ImageFiles(splits["test"], self.preprocessing.eval_transform(), skip)
+
+    def describe_splits(self) -> str:
+        """How many images each split of a fit holds, and per class: the one place a user sees what the
+        split (val_fraction, split_seed, folds) made of the folders."""
+        train, val = self.train_class_counts(), self.class_counts("val")
+        per_class = f"{min(train):,} to {max(train):,}" if min(train) != max(train) else f"{min(train):,}"
+        return (
+            f"Data: {sum(train):,} training and {sum(val):,} validation images in {self.num_classes} classes "
+            f"({per_class} training images a class) from {self.data_dir}"
+        )
 
     def train_class_counts(self) -> list[int]:
         """The training images of each class, in label order."""
@@ -708,7 +720,15 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     """Every image under `folder/<class>/`, labelled by the class's index in `classes`."""
     unknown = sorted(set(_subfolders(folder)) - set(classes))
     if unknown:
-        raise DataError(f"{folder} has class folders the training data lacks: {', '.join(unknown)}")
+        raise DataError(
+            f"{folder} has class folders the training data lacks: {', '.join(unknown)}. Add the class's training "
+            "images to a folder of that name, or remove it here."
+        )
+    if loose := [entry.name for entry in os.scandir(folder) if entry.is_file() and is_image_name(entry.name)]:
+        rank_zero_warn(
+            f"{len(loose)} image(s) directly in {folder} (such as {sorted(loose)[0]}) are in no class folder, so are "
+            "left out: move each into the folder of its class."
+        )
     samples, empty, unreadable, other_images = [], [], [], Counter()
     for label, name in enumerate(classes):
         class_dir = folder / name
@@ -744,11 +764,16 @@ def image_files_under(folder: Path, other_images: Counter | None = None) -> list
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in (f for f in files if not f.startswith(".")):
-            if name.lower().endswith(IMG_EXTENSIONS):
+            if is_image_name(name):
                 found.append(os.path.join(root, name))
             elif other_images is not None and (mimetypes.guess_type(name)[0] or "").startswith("image/"):
                 other_images[os.path.splitext(name)[1].lower()] += 1
     return found
+
+
+def is_image_name(name: str) -> bool:
+    """A file the image folders read: not hidden (macOS ._ files), of a type in IMG_EXTENSIONS."""
+    return not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS)
 
 
 def other_images_warning(other_images: Counter, folder: Path) -> str | None:
