@@ -482,7 +482,7 @@ class ClassifierCLI(LightningCLI):
             # one found here: a backbone changed in the configs since is for the next fit.
             self._parse_ckpt_path()
             config = self.config[self.subcommand]  # a new namespace, with the checkpoint's model
-            evaluate_on_trained_data(config, options_given(GIVEN, "data"))
+            evaluate_on_trained_data(config, options_given(GIVEN, "data"), self.subcommand)
         logger = first_logger(config.trainer)
         if is_first_process() and logger is not None and (run := chosen_runs(logger)) != run_root(logger):
             hold_run(run, self.subcommand)  # a run in use is refused before this logger starts

@@ -162,13 +162,14 @@ def check_same_options(config: Namespace, run: Path, requested: str) -> None:
         )
 
 
-def evaluate_on_trained_data(config: Namespace, given: set[str]) -> None:
+def evaluate_on_trained_data(config: Namespace, given: set[str], subcommand: str) -> None:
     """Evaluate a checkpoint on the data it was trained on: each data option the command line leaves
     out takes the checkpoint's value (its folder, split and preprocessing), since the configs' would
     take another dataset, or with another split_seed put training images into the validation ones.
     How the images are read (EVALUATION_KEEPS) stays this machine's. An option given that differs
     evaluates on other data, which logs as a new run: in the checkpoint's run, its val/ or test/
-    numbers would sit at the run's step as if they were on the run's own images."""
+    numbers would sit at the run's step as if they were on the run's own images. So does a validate
+    of other batches than the run's validation (trainer.limit_val_batches)."""
     trained = as_plain(saved_checkpoint(config.get("ckpt_path")).get("datamodule_hyper_parameters"))
     now = as_plain(config.data)
     differs = {name: value for name, value in trained.items() if name in now and f"data.{name}" not in EVALUATION_KEEPS
@@ -180,12 +181,29 @@ def evaluate_on_trained_data(config: Namespace, given: set[str]) -> None:
         said = " ".join(f"--data.{name} {shlex.quote(value if isinstance(value, str) else json.dumps(value))}"
                         for name, value in taken.items())  # fmt: skip
         rank_zero_info(f"On the data the checkpoint was trained on: {said} (options given here evaluate on other data)")
-    other = sorted(differs.keys() - taken.keys())
+    other = [f"--data.{name}" for name in sorted(differs.keys() - taken.keys())]
+    if subcommand == "validate" and validates_other_batches(config):
+        other.append("--trainer.limit_val_batches")
     logger = first_logger(config.trainer)
     if other and logger is not None and (run := logger.init_args.get("version")) is not None:
         logger.init_args.version = None
-        said = ", ".join(f"--data.{name}" for name in other)
-        rank_zero_info(f"On other data than the checkpoint's ({said}): logged as a new run, not into {run}")
+        rank_zero_info(f"On other data than the checkpoint's ({', '.join(other)}): logged as a new run, not into {run}")
+
+
+def validates_other_batches(config: Namespace) -> bool:
+    """Whether a validate of a run's checkpoint covers other batches than the run's validation did."""
+    saved = run_configs(Path(config.ckpt_path).parent.parent)
+    if not saved:
+        return False  # a checkpoint from elsewhere, evaluated in a run of its own
+    trained = (yaml.safe_load(saved[-1].read_text()) or {}).get("trainer") or {}
+    return val_batches(trained.get("limit_val_batches")) != val_batches(config.trainer.limit_val_batches)
+
+
+def val_batches(limit: float | None) -> tuple[type, float]:
+    """A limit_val_batches as Lightning reads it: None and 1.0 are every batch, an int counts batches,
+    a float is a fraction of them."""
+    limit = 1.0 if limit is None else limit
+    return type(limit), limit
 
 
 def same_data_option(name: str, trained, now) -> bool:
