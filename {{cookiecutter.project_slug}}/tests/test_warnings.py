@@ -2,6 +2,7 @@
 user's business or silenced at its source (training/quiet.py) or fixed."""
 
 import re
+import subprocess
 import sys
 
 import torch
@@ -42,6 +43,18 @@ def test_a_short_fit_and_its_evaluation_print_no_stray_warning_and_end_at_once(i
         assert "\x1b[" not in done.stdout + done.stderr, f"{args[0]}: colour codes in piped output"
         # The model summary counts the FLOPs of one image (Lightning says 0 when it has none to run).
         assert not re.search(r"Total FLOPs: 0\b|\b0\s+Total Flops", done.stdout + done.stderr), done.stdout
+
+
+def test_the_projects_own_warnings_are_one_line(tmp_path):
+    # Python's format adds the file, line and source line that warned: two lines per unreadable image,
+    # from each data worker, in a SLURM log.
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"no image")
+    code = ("from {{ cookiecutter.package_name }}.datasets.images import labelled_image; "
+            f"labelled_image({str(broken)!r}, 0, 'broken.png', None, skip_unreadable=True)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=command_env(), timeout=120)
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("warning: Skipping the unreadable image broken.png ("), done.stderr
 
 
 def test_a_fit_that_max_steps_stops_before_its_first_validation_ends_well_with_its_checkpoint(

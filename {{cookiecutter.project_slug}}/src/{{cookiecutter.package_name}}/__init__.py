@@ -2,5 +2,8 @@
 
 from .data import ImageDataModule
 from .model import ImageClassifier
+from .training.quiet import one_line_warnings
+
+one_line_warnings()
 
 __all__ = ["ImageClassifier", "ImageDataModule"]

@@ -29,6 +29,20 @@ SILENCED_WARNINGS = [
 ]
 
 
+def one_line_warnings() -> None:
+    """This project's warnings (an unreadable image, a class imbalance) in one line, `warning: <what
+    and the fix>`, as its errors read, where Python adds the file, line and source that warned. In
+    every process, data workers included: the package does this as it is imported."""
+    package, others = Path(__file__).resolve().parent.parent, warnings.formatwarning
+
+    def formatted(message, category, filename, lineno, line=None) -> str:
+        if Path(filename).resolve().is_relative_to(package):
+            return f"warning: {message}\n"
+        return others(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatted
+
+
 def silence_dependency_noise() -> None:
     for message in SILENCED_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
