@@ -246,6 +246,18 @@ def test_hidden_files_and_symlink_loops_are_not_samples(tmp_path):
     assert len(paths) == 4 and not any("/." in path for path in paths)
 
 
+def test_every_stretch_of_the_validation_images_holds_every_class(tiny_shapes, tmp_path):
+    # A validation cut short (limit_val_batches) took its batches in class order: all of the first class.
+    data = ImageDataModule(tiny_shapes, num_workers=0)
+    data.setup("fit")
+    labels = [label for _, label in data.val_set.samples]  # 4 of each of the 6 classes
+    assert [sorted(labels[start : start + 6]) for start in range(0, 24, 6)] == [list(range(6))] * 4
+    make_folder(tmp_path, {"cat": 4, "dog": 8})
+    data = ImageDataModule(tmp_path, num_workers=0, val_fraction=0.5)  # 2 cats and 4 dogs held out
+    data.setup("fit")
+    assert [label for _, label in data.val_set.samples] == [1, 0, 1, 1, 0, 1]  # at 1/8, 1/4, 3/8, 5/8, 3/4, 7/8
+
+
 def test_a_fit_says_how_many_images_each_split_holds(caplog, tiny_shapes, tmp_path):
     ImageDataModule(tiny_shapes, num_workers=0).setup("fit")
     said = "Data: 72 training and 24 validation images in 6 classes (12 training images a class) from"

@@ -45,7 +45,12 @@ def test_a_fold_lists_the_training_images_once(monkeypatch, tiny_shapes):
     # Checked at construction (too many folds) and split at setup: one walk of the folder serves both.
     walked = []
     walk = data_module.image_files_under
-    monkeypatch.setattr(data_module, "image_files_under", lambda folder: walked.append(Path(folder)) or walk(folder))
+
+    def walked_once(folder, *more):
+        walked.append(Path(folder))
+        return walk(folder, *more)
+
+    monkeypatch.setattr(data_module, "image_files_under", walked_once)
     data = ImageDataModule(tiny_shapes, num_folds=3, fold=1, num_workers=0)
     data.setup("fit")
     in_train = sorted(folder for folder in walked if folder.parent == tiny_shapes / "train")

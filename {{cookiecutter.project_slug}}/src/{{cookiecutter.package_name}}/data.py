@@ -662,10 +662,23 @@ def has_test_folder(data_dir: Path) -> bool:
 
 
 def with_test_split(splits: dict[str, list], data_dir: Path, classes: list[str]) -> dict[str, list]:
-    """`splits` and, when there is a test/ folder, its images as the test split, whatever split the rest."""
+    """`splits` and, when there is a test/ folder, its images as the test split, whatever split the rest;
+    the evaluated splits (val, test) with their classes interleaved."""
     if has_test_folder(data_dir):
         splits["test"] = find_images(data_dir / "test", classes)
-    return splits
+    return {name: samples if name == "train" else interleaved(samples) for name, samples in splits.items()}
+
+
+def interleaved(samples: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """(path, label) pairs reordered so that any stretch of them holds each class in its share: an
+    evaluation cut short (limit_val_batches) sees every class, where in class order it saw the first."""
+    by_class: dict[int, list] = {}
+    for sample in samples:
+        by_class.setdefault(sample[1], []).append(sample)
+    # Each sample at the middle of its place in its class, as a fraction of the class: 1/6, 3/6, 5/6 of 3.
+    placed = [((2 * index + 1) / (2 * len(members)), label, sample) for label, members in by_class.items()
+              for index, sample in enumerate(members)]  # fmt: skip
+    return [sample for *_, sample in sorted(placed, key=lambda place: place[:2])]
 
 
 def fold_pool(data_dir: Path, num_folds: int) -> list[tuple[str, int]]:
