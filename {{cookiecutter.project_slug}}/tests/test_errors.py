@@ -105,6 +105,7 @@ def test_an_error_raised_outside_jsonargparse_is_not_taken_for_a_class_it_made()
 def test_a_misspelt_option_in_a_config_file_is_named_once(monkeypatch, capsys, in_project_copy, tiny_shapes):
     (in_project_copy / "mine.yaml").write_text("model:\n  backbon: resnet18\n")
     message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml"))
+    assert message.startswith("error: mine.yaml: ")  # the file to correct, among those read
     assert "does not accept option 'model.backbon'. Did you mean model.backbone or " in message
 
 

@@ -143,6 +143,8 @@ class SuggestingParser(LightningArgumentParser):
                 names = command._option_names()
                 if option in self._option_names():  # verbose, in the config an evaluation saved
                     message += f": it is another command's; {group} takes the run's config.yaml"
+            if setting := config_setting(key):
+                message = f"{setting}: {message}"
         else:
             key = None
         if key and (close := likely_meant(key, names)):
@@ -356,6 +358,17 @@ def text_of(path: str) -> str:
         return (STARTED_IN[0] / path if STARTED_IN else Path(path)).read_text()
     except (OSError, UnicodeDecodeError):
         return ""
+
+
+def config_setting(key: str) -> str | None:
+    """The config file that sets `key` (model.lr), among the default configs and those given with
+    --config: the last, whose value wins."""
+    setting = None
+    for path in given_configs():
+        with contextlib.suppress(yaml.YAMLError):
+            if key in config_keys(yaml.safe_load(text_of(path))):
+                setting = path
+    return setting
 
 
 def yaml_syntax_error() -> str | None:
