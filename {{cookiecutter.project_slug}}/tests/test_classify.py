@@ -177,7 +177,10 @@ def test_predict_leaves_out_an_unreadable_test_image_and_names_every_other_right
     (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
     with pytest.warns(UserWarning, match="0000-broken.png"):
         run_cli(monkeypatch, "predict", *ON_CPU, *on_data(data, batch_size=5), f"--ckpt_path={checkpoint}")
-    with (checkpoint.parent.parent / "reports" / "predictions_test.csv").open(newline="") as file:
+    # Another folder than the checkpoint's data: its predictions are a run of their own.
+    (predictions,) = trained.glob("runs/*/*/reports/predictions_test.csv")
+    assert checkpoint.parent.parent not in predictions.parents
+    with predictions.open(newline="") as file:
         predicted = {row["path"]: row for row in csv.DictReader(file)}
     with pytest.warns(UserWarning, match="0000-broken.png"):
         rows = classify(monkeypatch, str(data / "test"), f"--checkpoint={checkpoint}")
