@@ -140,10 +140,10 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
 def check_same_options(config: Namespace, run: Path, requested: str) -> None:
     """Refuse to continue `run` with other data, model or schedule options than it was trained with:
     the weights would go on training towards something else under the run's name."""
-    saved = run_configs(run)
-    if not saved:
+    saved = newest_config(run)
+    if saved is None:
         return  # a run without a config (trained outside the CLI): nothing to compare
-    trained = yaml.safe_load(saved[-1].read_text()) or {}
+    trained = yaml.safe_load(saved.read_text()) or {}
     changed = [
         f"{section}.{name} {before!r} -> {now!r}"
         for section in ("data", "model")
@@ -156,7 +156,7 @@ def check_same_options(config: Namespace, run: Path, requested: str) -> None:
                 if was.get(name) != now.get(name)]  # fmt: skip
     if changed:
         raise ConfigError(
-            f"--ckpt_path {requested} would continue {run} with other options than {saved[-1].name} has: "
+            f"--ckpt_path {requested} would continue {run} with other options than {saved.name} has: "
             f"{', '.join(changed)}. Resume with the run's options, start a new run (no --ckpt_path), or pass "
             f"--{ALLOW_CHANGES}=true to continue it with these."
         )
@@ -192,10 +192,10 @@ def evaluate_on_trained_data(config: Namespace, given: set[str], subcommand: str
 
 def validates_other_batches(config: Namespace) -> bool:
     """Whether a validate of a run's checkpoint covers other batches than the run's validation did."""
-    saved = run_configs(Path(config.ckpt_path).parent.parent)
-    if not saved:
+    saved = newest_config(Path(config.ckpt_path).parent.parent)
+    if saved is None:
         return False  # a checkpoint from elsewhere, evaluated in a run of its own
-    trained = (yaml.safe_load(saved[-1].read_text()) or {}).get("trainer") or {}
+    trained = (yaml.safe_load(saved.read_text()) or {}).get("trainer") or {}
     return val_batches(trained.get("limit_val_batches")) != val_batches(config.trainer.limit_val_batches)
 
 
@@ -213,9 +213,11 @@ def same_data_option(name: str, trained, now) -> bool:
     return trained == now
 
 
-def run_configs(run: Path) -> list[Path]:
-    """The configs a run was trained with, oldest first: config.yaml, then one per resume."""
-    return [path for path in [run / "config.yaml", *sorted(run.glob("config_resumed_*.yaml"))] if path.is_file()]
+def newest_config(run: Path) -> Path | None:
+    """The config a run was last trained with: that of its newest resume, else its config.yaml; None
+    for a run trained outside the CLI."""
+    saved = [path for path in [run / "config.yaml", *sorted(run.glob("config_resumed_*.yaml"))] if path.is_file()]
+    return saved[-1] if saved else None
 
 
 def resumed_config_name() -> str:
