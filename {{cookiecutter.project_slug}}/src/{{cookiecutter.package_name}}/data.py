@@ -229,8 +229,8 @@ class ImageDataModule(L.LightningDataModule):
         self._splits_checked = False
         if stage == "fit":
             rank_zero_info(self.describe_splits())
-        if stage == "fit" and (warning := imbalance_warning(self.train_class_counts(), self.class_names)):
-            rank_zero_warn(warning)
+            if warning := imbalance_warning(self.train_class_counts(), self.class_names):
+                rank_zero_warn(warning)
         validates = stage in ("fit", "validate") and (self.trainer is None or self.trainer.limit_val_batches != 0)
         if validates and (warning := unvalidated_warning(self.class_counts("val"), self.class_names)):
             rank_zero_warn(warning)
