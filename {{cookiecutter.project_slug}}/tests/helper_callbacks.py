@@ -147,6 +147,20 @@ class SigtermAt(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class SigtermInValidation(L.Callback):
+    """Send this process (or only the one of this global rank) a SIGTERM as the first validation
+    batch of a fit's epoch starts."""
+
+    def __init__(self, epoch: int, rank: int | None = None) -> None:
+        self.epoch, self.rank = epoch, rank
+
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int, *args) -> None:
+        if self.rank not in (None, trainer.global_rank):
+            return
+        if not trainer.sanity_checking and trainer.current_epoch == self.epoch and batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 class CrashAt(L.Callback):
     """End the run at a training step without saving anything, as a SIGKILL or a power cut does."""
 

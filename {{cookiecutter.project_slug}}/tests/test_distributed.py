@@ -135,6 +135,29 @@ def test_every_process_resumes_the_run_its_first_one_chose_passing_over_another_
     assert torch.load(theirs / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7, "not trained"
 
 
+def test_a_sigterm_to_one_process_during_validation_stops_all_within_it_on_uneven_shards(in_project_copy, tiny_shapes):
+    # 21 validation images: shards of 11 and 10, 3 and 2 batches of 5. The processes agree over the
+    # batches both run; an agreement over the third, which one process does not run, would hang.
+    uneven = in_project_copy / "uneven"
+    shutil.copytree(tiny_shapes, uneven)
+    for path in sorted((uneven / "val").glob("*/*.png"))[:3]:
+        path.unlink()
+    run = ["--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER, "--trainer.max_epochs=2",
+           *data(uneven, batch_size=5)]  # fmt: skip
+    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermInValidation", "init_args": {"epoch": 0, "rank": 1}})
+    command = [sys.executable, "-m", "image_classifier", "fit", *run, f"--trainer.callbacks+={sigterm}"]
+    stopped = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
+    assert "during validation, which the resumed run does again" in stopped.stdout + stopped.stderr
+    (last,) = in_project_copy.glob("runs/dist/*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 7, "in the first epoch's validation (7 full batches)"
+
+    fit(in_project_copy, *run, "--ckpt_path=auto")
+    with (last.parent.parent / "metrics.csv").open(newline="") as file:
+        validated = [row["epoch"] for row in csv.DictReader(file) if row.get("val/loss")]
+    assert validated == ["0", "1"]
+
+
 def by_hand(logits: torch.Tensor, labels: torch.Tensor, stage: str) -> dict[str, float]:
     """The logged metrics of `stage` over these images, written out from their definitions."""
     losses = torch.logsumexp(logits, 1) - logits.gather(1, labels[:, None])[:, 0]

@@ -5,6 +5,7 @@ settings users get by default (data workers, augmentation) and with the recipe's
 the next unseen image, which sees every image once an epoch across the two runs."""
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
@@ -99,17 +100,59 @@ def test_a_resumed_run_ends_as_the_uninterrupted_one(in_project_copy, request, d
     assert_same_training(whole, last_checkpoint(Path("parts")))
 
 
-def test_a_run_resumed_from_the_end_of_an_epoch_ends_as_the_uninterrupted_one(in_project_copy, tiny_shapes):
-    # Killed in its second epoch, it goes on from the last.ckpt of the first, with the default workers.
-    data = [*on_data(tiny_shapes), "--data.num_workers=2"]
+@pytest.mark.parametrize(
+    ("val_check_interval", "crash", "saved"), [(1.0, 13, 9), (0.5, 6, 4)], ids=["epochs-end", "mid-epoch"]
+)
+def test_a_run_resumed_from_its_last_validation_ends_as_the_uninterrupted_one(
+    in_project_copy, tiny_shapes, val_check_interval, crash, saved
+):
+    # Killed after a validation, it goes on from the last.ckpt saved there, with the default workers.
+    data = [*on_data(tiny_shapes), "--data.num_workers=2", f"--trainer.val_check_interval={val_check_interval}"]
     fit(*data, *logged_to("whole"))
-    crash = json.dumps({"class_path": "helper_callbacks.CrashAt", "init_args": {"step": 13}})
-    with pytest.raises(SystemError, match="crashed at step 13"):
-        fit(*data, *logged_to("parts"), f"--trainer.callbacks+={crash}")
+    crash_at = json.dumps({"class_path": "helper_callbacks.CrashAt", "init_args": {"step": crash}})
+    with pytest.raises(SystemError, match=f"crashed at step {crash}"):
+        fit(*data, *logged_to("parts"), f"--trainer.callbacks+={crash_at}")
     (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
-    assert torch.load(interrupted, weights_only=True)["global_step"] == 9, "the end of the first epoch"
+    assert torch.load(interrupted, weights_only=True)["global_step"] == saved, "the last validation's step"
     fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
     assert_same_training(last_checkpoint(Path("whole")), last_checkpoint(Path("parts")))
+
+
+def logged_validations(folder: Path) -> dict[tuple[str, str], dict[str, str]]:
+    """Each validation a run logged to its CSV files, by epoch and step: its val/ numbers."""
+    logged = {}
+    for path in folder.glob("*/*/metrics.csv"):
+        for row in csv.DictReader(path.open()):
+            numbers = {name: value for name, value in row.items() if name.startswith("val/") and value}
+            if numbers:
+                assert (row["epoch"], row["step"]) not in logged, "a validation logged twice"
+                logged[row["epoch"], row["step"]] = numbers
+    return logged
+
+
+@pytest.mark.parametrize(
+    ("val_check_interval", "recipe"), [(1.0, "default"), (0.5, "strong")], ids=["epochs-end", "mid-epoch"]
+)
+def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_resume(
+    in_project_copy, tiny_shapes, val_check_interval, recipe
+):
+    # A long validation would outlast a preemption's grace period: the stop does not wait for its end.
+    data = [*on_data(tiny_shapes), "--data.num_workers=2", f"--trainer.val_check_interval={val_check_interval}",
+            *RECIPES[recipe]]  # fmt: skip
+    fit(*data, *logged_to("whole"))
+    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermInValidation", "init_args": {"epoch": 0}})
+    fit(*data, *logged_to("parts"), f"--trainer.callbacks+={sigterm}")
+    (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
+    assert torch.load(interrupted, weights_only=True)["global_step"] == int(9 * val_check_interval)
+    assert logged_validations(Path("parts")) == {}, "nothing of the validation stopped is logged"
+    fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
+    whole, parts = last_checkpoint(Path("whole")), last_checkpoint(Path("parts"))
+    assert_same_training(whole, parts)
+    assert len(logged_validations(Path("whole"))) == 2 / val_check_interval
+    assert logged_validations(Path("parts")) == logged_validations(Path("whole"))
+    best = [{name: state.get("best_model_score") for name, state in checkpoint["callbacks"].items()
+             if name.startswith("ModelCheckpoint")} for checkpoint in (whole, parts)]  # fmt: skip
+    assert best[0] and best[0] == best[1]
 
 
 def start_fit(groups, project: Path, *options: str) -> subprocess.Popen:

@@ -15,6 +15,7 @@ import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.datasets.folder import IMG_EXTENSIONS
@@ -561,8 +562,14 @@ class StreamingDataModule(ImageDataModule):
 
 {% endif -%}
 def interrupts_an_epoch(trainer: L.Trainer | None) -> bool:
-    """Whether a checkpoint saved now falls inside a training epoch."""
-    return trainer is not None and trainer.training and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    """Whether a checkpoint saved now falls inside a training epoch: in a training step, or in a
+    validation that val_check_interval runs before the epoch's end."""
+    return (
+        trainer is not None
+        and trainer.state.fn == TrainerFn.FITTING
+        and not trainer.sanity_checking
+        and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    )
 
 
 def is_built_in(data_dir: str | Path) -> bool:

@@ -2,6 +2,7 @@
 and an end to processes whose launcher is gone."""
 
 import functools
+import math
 import os
 import signal
 import sys
@@ -26,17 +27,22 @@ class CheckpointOnStop(L.Callback):
 
     The signal is noted, and at the next batch boundary the processes of a multi-process run agree
     on whether any of them got one, so that all stop after the same batch and save one consistent
-    mid-epoch checkpoint together; `--ckpt_path auto` resumes from it. Lightning 2.6's own handler
-    runs a collective inside the signal handler, which meets another process's collective of the
-    step and hangs the run; this one replaces it. (Lightning's OnExceptionCheckpoint needs a fixed
-    folder and fires on every exception, a NaN stop included.) A second Ctrl-C stops at once,
-    unsaved, as Lightning stops at the first.
+    mid-epoch checkpoint together; `--ckpt_path auto` resumes from it. A validation can outlast a
+    preemption's grace period, so the run stops within it too, and the resumed run validates again
+    from its first batch: the metrics of the batches before are not in the checkpoint.
+
+    Lightning 2.6's own handler runs a collective inside the signal handler, which meets another
+    process's collective of the step and hangs the run; this one replaces it. (Lightning's
+    OnExceptionCheckpoint needs a fixed folder and fires on every exception, a NaN stop included.)
+    A second Ctrl-C stops at once, unsaved, as Lightning stops at the first.
     """
 
     def __init__(self) -> None:
         self.stop_requested = False
         self.stopped_by = signal.SIGTERM
         self._interrupted_at: float | None = None
+        self._saving_in_validation = False
+        self._batches_to_agree_on = 0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After the Trainer has installed its handlers, which it restores at the end; a SIGTERM that
@@ -63,26 +69,61 @@ class CheckpointOnStop(L.Callback):
             self.stopped_by = signal.SIGINT
         self.stop_requested = True
         if trainer.is_global_zero:  # os.write: print is not safe in a signal handler
-            said = "Ctrl-C: stopping after this training step, to save the run (Ctrl-C again: at once, unsaved)"
+            step = "validation batch" if trainer.validating else "training step"
+            said = f"Ctrl-C: stopping after this {step}, to save the run (Ctrl-C again: at once, unsaved)"
             os.write(2, f"\n{said}\n".encode())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        self._agree_on_stop(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Agreed on over the batches that every process runs and that are not its last (after which
+        # Lightning stops none): DDP's shards of the images can differ by a batch.
+        self._batches_to_agree_on = 0
+        if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking:
+            return
+        batches = min(trainer.num_val_batches, default=0)
+        common = torch.tensor(int(batches) if math.isfinite(batches) else 0, device=trainer.strategy.root_device)
+        if trainer.world_size > 1:
+            torch.distributed.all_reduce(common, op=torch.distributed.ReduceOp.MIN)
+        self._batches_to_agree_on = int(common) - 1
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int, *args
+    ) -> None:
+        if batch_idx < self._batches_to_agree_on:
+            self._agree_on_stop(trainer)
+
+    def _agree_on_stop(self, trainer: L.Trainer) -> None:
         requested = torch.tensor(int(self.stop_requested), device=trainer.strategy.root_device)
         if trainer.world_size > 1:
             torch.distributed.all_reduce(requested, op=torch.distributed.ReduceOp.MAX)
         # Lightning raises SIGTERMException on this flag after the batch, in every process alike.
         trainer._signal_connector.received_sigterm = bool(requested)
 
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if not self._saving_in_validation:
+            return
+        # Counted as a validation stopped in its first batch, which Lightning's resume runs again whole.
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
+        done = progress["current"]["completed"]
+        for counts in progress["total"], progress["current"]:
+            counts["processed"] = counts["completed"] = counts["completed"] - done
+            counts["ready"] = counts["started"] = counts["completed"] + 1
+        progress["is_last_batch"] = False
+
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         checkpoint = trainer.checkpoint_callback
         if not isinstance(exception, SIGTERMException) or checkpoint is None or not checkpoint.dirpath:
             return
         path = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+        self._saving_in_validation = trainer.validating
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part, as sharded strategies need
         exception.saved = path  # cli.main then prints the command that resumes, as the last line
         exception.signal = self.stopped_by  # and exits with the shell's status for it
         said = "Ctrl-C" if self.stopped_by == signal.SIGINT else "SIGTERM"
-        rank_zero_info(f"{said}: saved {path} at step {trainer.global_step}.")
+        during = ", during validation, which the resumed run does again" if trainer.validating else ""
+        rank_zero_info(f"{said}: saved {path} at step {trainer.global_step}{during}.")
 
 
 class NonFiniteLossError(UserError, RuntimeError):

@@ -46,6 +46,7 @@ class ModelEMA(WeightAveraging):
             raise ConfigError(f"ModelEMA update_every_n_steps must be 1 or more, got {update_every_n_steps}")
         super().__init__(device=device, use_buffers=True, multi_avg_fn=WarmedUpEMA(decay))
         self.update_every_n_steps = update_every_n_steps
+        self._swapped = False  # the average in the module, the trained weights in the copy: during validation
 
     def should_update(self, step_idx: int | None = None, epoch_idx: int | None = None) -> bool:
         return step_idx is not None and step_idx % self.update_every_n_steps == 0
@@ -70,6 +71,23 @@ class ModelEMA(WeightAveraging):
         # load the checkpoint's trained weights instead of its average.
         if stage == "fit":
             self._average_model = None
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_epoch_start(trainer, pl_module)
+        self._swapped = self._average_model is not None
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_epoch_end(trainer, pl_module)
+        self._swapped = False
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._swapped and "current_model_state" in checkpoint:
+            # Saved within a validation (a stop during it): Lightning's labels are the wrong way round.
+            checkpoint["state_dict"], checkpoint["current_model_state"] = (
+                checkpoint["current_model_state"],
+                checkpoint["state_dict"],
+            )
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         # Outside fit there is no average to restore: the checkpoint's weights are the average already.
