@@ -98,6 +98,9 @@ def test_a_resumed_run_ends_as_the_uninterrupted_one(in_project_copy, request, d
     whole = last_checkpoint(Path("whole"))
     assert whole["global_step"] == 18
     assert_same_training(whole, last_checkpoint(Path("parts")))
+    # The interrupted epoch's numbers are over all of it, not over the part after the resume.
+    assert len(logged(Path("whole"), "train")) == 2
+    assert logged(Path("parts"), "train") == logged(Path("whole"), "train")
 
 
 @pytest.mark.parametrize(
@@ -118,14 +121,16 @@ def test_a_run_resumed_from_its_last_validation_ends_as_the_uninterrupted_one(
     assert_same_training(last_checkpoint(Path("whole")), last_checkpoint(Path("parts")))
 
 
-def logged_validations(folder: Path) -> dict[tuple[str, str], dict[str, str]]:
-    """Each validation a run logged to its CSV files, by epoch and step: its val/ numbers."""
+def logged(folder: Path, stage: str) -> dict[tuple[str, str], dict[str, str]]:
+    """The numbers of a stage's epochs (val/, or train/ without the steps' own) that a run logged
+    to its CSV files, by epoch and step."""
     logged = {}
     for path in folder.glob("*/*/metrics.csv"):
         for row in csv.DictReader(path.open()):
-            numbers = {name: value for name, value in row.items() if name.startswith("val/") and value}
+            numbers = {name: value for name, value in row.items()
+                       if name.startswith(f"{stage}/") and not name.endswith("_step") and value}  # fmt: skip
             if numbers:
-                assert (row["epoch"], row["step"]) not in logged, "a validation logged twice"
+                assert (row["epoch"], row["step"]) not in logged, f"a {stage} epoch logged twice"
                 logged[row["epoch"], row["step"]] = numbers
     return logged
 
@@ -144,12 +149,12 @@ def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_re
     fit(*data, *logged_to("parts"), f"--trainer.callbacks+={sigterm}")
     (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
     assert torch.load(interrupted, weights_only=True)["global_step"] == int(9 * val_check_interval)
-    assert logged_validations(Path("parts")) == {}, "nothing of the validation stopped is logged"
+    assert logged(Path("parts"), "val") == {}, "nothing of the validation stopped is logged"
     fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
     whole, parts = last_checkpoint(Path("whole")), last_checkpoint(Path("parts"))
     assert_same_training(whole, parts)
-    assert len(logged_validations(Path("whole"))) == 2 / val_check_interval
-    assert logged_validations(Path("parts")) == logged_validations(Path("whole"))
+    assert len(logged(Path("whole"), "val")) == 2 / val_check_interval
+    assert logged(Path("parts"), "val") == logged(Path("whole"), "val")
     best = [{name: state.get("best_model_score") for name, state in checkpoint["callbacks"].items()
              if name.startswith("ModelCheckpoint")} for checkpoint in (whole, parts)]  # fmt: skip
     assert best[0] and best[0] == best[1]

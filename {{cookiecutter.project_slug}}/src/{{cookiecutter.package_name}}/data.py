@@ -15,7 +15,6 @@ import torch
 from lightning.fabric.utilities.seed import pl_worker_init_function
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.datasets.folder import IMG_EXTENSIONS
@@ -35,6 +34,7 @@ from .datasets.sampling import (
 from .errors import ConfigError, DataError, MissingError
 from .hardware.sharding import shards_weights
 from .training import sigterm
+from .training.resume import interrupts_an_epoch
 from .transforms import Augment, Interpolation, Preprocessing, resolve_preprocessing, train_transform
 
 # Where data.synthetic draws the built-in shapes: data_dir's default. Elsewhere, a data_dir that
@@ -561,17 +561,6 @@ class StreamingDataModule(ImageDataModule):
 
 
 {% endif -%}
-def interrupts_an_epoch(trainer: L.Trainer | None) -> bool:
-    """Whether a checkpoint saved now falls inside a training epoch: in a training step, or in a
-    validation that val_check_interval runs before the epoch's end."""
-    return (
-        trainer is not None
-        and trainer.state.fn == TrainerFn.FITTING
-        and not trainer.sanity_checking
-        and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-    )
-
-
 def is_built_in(data_dir: str | Path) -> bool:
     return Path(data_dir).resolve() == Path(BUILT_IN_SHAPES).resolve()
 

@@ -24,8 +24,9 @@ from .training import random_state
 from .training.batch_mixing import BatchMixing
 from .training.checkpoint_io import write_whole
 from .training.csv_logging import forget_rows_from
-from .training.metrics import MeanPerImage, classification_metrics
+from .training.metrics import MeanPerImage, add_states, classification_metrics, states_so_far
 from .training.reports import write_report
+from .training.resume import interrupts_an_epoch
 from .training.run_folders import mark_finished, mark_unfinished
 
 
@@ -139,6 +140,7 @@ class ImageClassifier(L.LightningModule):
         # The parameter groups of a checkpoint's optimizer, to refuse one this model's cannot load.
         self._saved_param_groups: list[dict] | None = None
         self._resumed_random_state: dict | None = None  # a checkpoint's (training/random_state.py), for on_train_start
+        self._resumed_train_metrics: dict | None = None  # the interrupted epoch's so far, for on_train_start
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = classification_metrics(num_classes, "train/")
         self.val_metrics = classification_metrics(num_classes, "val/")
@@ -433,12 +435,16 @@ class ImageClassifier(L.LightningModule):
         # The weights are in the checkpoint: rebuilding the model from it must not download them.
         checkpoint["hyper_parameters"]["pretrained"] = False
         checkpoint["random_state"] = random_state.capture()
+        if interrupts_an_epoch(self.trainer):
+            # For the resumed run's epoch metrics to be over the whole epoch, not only its part.
+            checkpoint["train_metrics_so_far"] = states_so_far(self._train_epoch_metrics())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if states := checkpoint.get("optimizer_states"):
             self._saved_param_groups = states[0]["param_groups"]
         self.trained_until = {"epoch": checkpoint.get("epoch", 0), "step": checkpoint.get("global_step", 0)}
         self._resumed_random_state = checkpoint.get("random_state")
+        self._resumed_train_metrics = checkpoint.get("train_metrics_so_far")
         check_same_classes(checkpoint.get("hyper_parameters", {}).get("class_names"), self.hparams.class_names)
 
     def on_train_start(self) -> None:
@@ -447,10 +453,17 @@ class ImageClassifier(L.LightningModule):
         if self._resumed_random_state is not None:
             random_state.restore(self._resumed_random_state)
             self._resumed_random_state = None
+        if self._resumed_train_metrics is not None:
+            if self.global_rank == 0:  # the sum over every process, to which each adds its own part
+                add_states(self._train_epoch_metrics(), self._resumed_train_metrics)
+            self._resumed_train_metrics = None
         if self.trainer.ckpt_path is not None:
             self.say_restored_lr()
             if (folder := self._checkpoint_folder()) is not None:
                 forget_rows_from(folder.parent / "metrics.csv", self.trainer.global_step)
+
+    def _train_epoch_metrics(self) -> dict:
+        return {"loss": self.train_loss, **self.train_metrics}
 
     def say_restored_lr(self) -> None:
         """The learning rate a resumed run goes on with: its checkpoint's, which other settings (the

@@ -43,3 +43,21 @@ def classification_metrics(num_classes: int, prefix: str) -> MetricCollection:
     # No compute groups: torchmetrics merges metrics whose states match after the first batch, and a
     # batch of one class, all predicted right, makes top-5 match F1's top-1 counts for the whole run.
     return MetricCollection(metrics, prefix=prefix, compute_groups=False)
+
+
+def states_so_far(metrics: dict[str, Metric]) -> dict[str, dict[str, torch.Tensor]]:
+    """The states of an epoch's metrics so far, summed across processes (every process calls it),
+    for a checkpoint that interrupts the epoch."""
+    states = {}
+    for name, metric in metrics.items():
+        with metric.sync_context():
+            states[name] = {state: value.detach().cpu().clone() for state, value in metric.metric_state.items()}
+    return states
+
+
+def add_states(metrics: dict[str, Metric], states: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Add a checkpoint's states so far to `metrics`, whose states are all sums."""
+    for name, metric in metrics.items():
+        for state, value in states.get(name, {}).items():
+            current = getattr(metric, state)
+            setattr(metric, state, current + value.to(current.device))

@@ -15,6 +15,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import lightning as L
 import torch
 import yaml
 from jsonargparse import Namespace
@@ -280,6 +281,17 @@ def raise_limit(reached: str, requested: str) -> str:
     """How to train further a run that reached `reached` (a limit_reached answer)."""
     limit = reached.split("=")[0]
     return f"To train it longer, raise the limit: fit --ckpt_path {shlex.quote(requested)} --trainer.{limit}=<more>."
+
+
+def interrupts_an_epoch(trainer: L.Trainer | None) -> bool:
+    """Whether a checkpoint saved now falls inside a training epoch: in a training step, or in a
+    validation that val_check_interval runs before the epoch's end."""
+    return (
+        trainer is not None
+        and trainer.state.fn == TrainerFn.FITTING
+        and not trainer.sanity_checking
+        and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    )
 
 
 def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:
