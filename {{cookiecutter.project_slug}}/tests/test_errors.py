@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import ON_CPU, OTHER_BACKBONE, on_data, refusal, run_cli
 
+from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.cli import condensed, main, refusal_inside
 from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
 from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
@@ -90,6 +91,17 @@ def fit(data_dir, *args: str) -> list[str]:
 )
 def test_bad_options_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, expected):
     assert expected in refusal(monkeypatch, capsys, *fit(tiny_shapes, *options))
+
+
+def test_the_file_named_for_a_setting_is_the_last_given_that_sets_it_however_given(monkeypatch, tmp_path):
+    for name in ("one.yaml", "two.yaml"):
+        (tmp_path / name).write_text("model:\n  lr: 0.1\n")
+    monkeypatch.setattr(cli, "STARTED_IN", [tmp_path])
+    for given, last in ((["--config", "one.yaml", "--config=two.yaml"], "two.yaml"),
+                        (["--config=one.yaml", "-c", "two.yaml"], "two.yaml"),
+                        (["--config=two.yaml", "--config", "one.yaml"], "one.yaml")):  # fmt: skip
+        monkeypatch.setattr(cli, "GIVEN", given)
+        assert cli.config_setting("model.lr") == last, given
 
 
 def test_an_error_raised_outside_jsonargparse_is_not_taken_for_a_class_it_made():

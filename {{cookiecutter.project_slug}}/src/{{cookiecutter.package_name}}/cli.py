@@ -306,11 +306,7 @@ def stale_options(paths: list[str]) -> list[str]:
     logger's, before it listed its own)."""
     stale = []
     for path in paths:
-        try:
-            config = yaml.safe_load(text_of(path))
-        except yaml.YAMLError:
-            continue
-        for entry in class_entries(config):
+        for entry in class_entries(settings_of(path)):
             parameters = signature_parameters(str(entry["class_path"]))
             if parameters is None or any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values()):
                 continue  # a moved or unknown class (the parser's own message says so), or one taking any option
@@ -346,11 +342,25 @@ def class_entries(config) -> list[dict]:
 
 
 def given_configs() -> list[str]:
-    """The default configs, then those given with --config."""
-    command = GIVEN or sys.argv[1:]
-    given = [arg.split("=", 1)[1] for arg in command if arg.startswith(("--config=", "-c="))]
-    given += [command[i + 1] for i, arg in enumerate(command[:-1]) if arg in ("--config", "-c")]
-    return [*map(str, DEFAULT_CONFIGS), *given]
+    """The default configs, then those given with --config, in the order the parser reads them."""
+    return [*map(str, DEFAULT_CONFIGS), *config_args(GIVEN or sys.argv[1:]).values()]
+
+
+def config_args(args: list[str]) -> dict[int, str]:
+    """The files given with --config (or -c) in `args`, by the place of the option there."""
+    configs = {}
+    for index, arg in enumerate(args):
+        option, has_value, value = arg.partition("=")
+        if option in ("--config", "-c"):
+            configs[index] = value if has_value else next(iter(args[index + 1 :]), "")
+    return configs
+
+
+def settings_of(path: str) -> dict | None:
+    """A config file's settings; None where it cannot be read or parsed (the parser says why)."""
+    with contextlib.suppress(yaml.YAMLError):
+        return yaml.safe_load(text_of(path))
+    return None
 
 
 def text_of(path: str) -> str:
@@ -365,9 +375,8 @@ def config_setting(key: str) -> str | None:
     --config: the last, whose value wins."""
     setting = None
     for path in given_configs():
-        with contextlib.suppress(yaml.YAMLError):
-            if key in config_keys(yaml.safe_load(text_of(path))):
-                setting = path
+        if key in config_keys(settings_of(path)):
+            setting = path
     return setting
 
 
@@ -738,22 +747,19 @@ def run_command(command: list[str], args: list[str] | None) -> None:
 def check_config_order(args: list[str]) -> None:
     """Refuse an option given before a --config file that sets it too: jsonargparse applies both in
     their order, and the file's value would replace the option's without a word."""
+    configs = config_args(args)
     given: list[str] = []  # each option so far, as a config file names it (trainer.max_epochs)
     for index, arg in enumerate(args):
-        option, has_value, value = arg.partition("=")
-        if option not in ("--config", "-c"):
+        option = arg.partition("=")[0]
+        if index not in configs:
             if option.startswith("--") and not option.endswith("+"):
                 given.append(option.removeprefix("--"))
             continue
-        path = value if has_value else next(iter(args[index + 1 :]), "")
-        try:
-            keys = set(config_keys(yaml.safe_load(Path(path).read_text())))
-        except (OSError, yaml.YAMLError):  # the parser says what is wrong with the file
-            continue
+        keys = set(config_keys(settings_of(configs[index])))
         if replaced := [key for key in given if key in keys]:
             raise ConfigError(
-                f"--{replaced[0]} comes before {option} {path}, which sets it too and so replaces it: put "
-                "--config first, then the options that change it."
+                f"--{replaced[0]} comes before {option} {configs[index]}, which sets it too and so replaces it: "
+                "put --config first, then the options that change it."
             )
 
 

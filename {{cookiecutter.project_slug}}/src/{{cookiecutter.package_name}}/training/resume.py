@@ -141,10 +141,9 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
 def check_same_options(config: Namespace, run: Path, requested: str) -> None:
     """Refuse to continue `run` with other data, model or schedule options than it was trained with:
     the weights would go on training towards something else under the run's name."""
-    saved = newest_config(run)
+    saved, trained = newest_config(run)
     if saved is None:
         return  # a run without a config (trained outside the CLI): nothing to compare
-    trained = yaml.safe_load(saved.read_text()) or {}
     changed = [
         f"{section}.{name} {before!r} -> {now!r}"
         for section in ("data", "model")
@@ -193,11 +192,11 @@ def evaluate_on_trained_data(config: Namespace, given: set[str], subcommand: str
 
 def validates_other_batches(config: Namespace) -> bool:
     """Whether a validate of a run's checkpoint covers other batches than the run's validation did."""
-    saved = newest_config(Path(config.ckpt_path).parent.parent)
+    saved, trained = newest_config(Path(config.ckpt_path).parent.parent)
     if saved is None:
         return False  # a checkpoint from elsewhere, evaluated in a run of its own
-    trained = (yaml.safe_load(saved.read_text()) or {}).get("trainer") or {}
-    return val_batches(trained.get("limit_val_batches")) != val_batches(config.trainer.limit_val_batches)
+    was = (trained.get("trainer") or {}).get("limit_val_batches")
+    return val_batches(was) != val_batches(config.trainer.limit_val_batches)
 
 
 def val_batches(limit: float | None) -> tuple[type, float]:
@@ -214,11 +213,11 @@ def same_data_option(name: str, trained, now) -> bool:
     return trained == now
 
 
-def newest_config(run: Path) -> Path | None:
-    """The config a run was last trained with: that of its newest resume, else its config.yaml; None
-    for a run trained outside the CLI."""
+def newest_config(run: Path) -> tuple[Path | None, dict]:
+    """The config file a run was last trained with (that of its newest resume, else its config.yaml)
+    and its settings; None and {} for a run trained outside the CLI."""
     saved = [path for path in [run / "config.yaml", *sorted(run.glob("config_resumed_*.yaml"))] if path.is_file()]
-    return saved[-1] if saved else None
+    return (saved[-1], yaml.safe_load(saved[-1].read_text()) or {}) if saved else (None, {})
 
 
 def resumed_config_name() -> str:
