@@ -139,7 +139,7 @@ def logged(folder: Path, stage: str) -> dict[tuple[str, str], dict[str, str]]:
     ("val_check_interval", "recipe"), [(1.0, "default"), (0.5, "strong")], ids=["epochs-end", "mid-epoch"]
 )
 def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_resume(
-    in_project_copy, tiny_shapes, val_check_interval, recipe
+    capsys, in_project_copy, tiny_shapes, val_check_interval, recipe
 ):
     # A long validation would outlast a preemption's grace period: the stop does not wait for its end.
     data = [*on_data(tiny_shapes), "--data.num_workers=2", f"--trainer.val_check_interval={val_check_interval}",
@@ -150,11 +150,14 @@ def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_re
     (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
     assert torch.load(interrupted, weights_only=True)["global_step"] == int(9 * val_check_interval)
     assert logged(Path("parts"), "val") == {}, "nothing of the validation stopped is logged"
+    capsys.readouterr()
     fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
+    assert " 0 img/s" not in capsys.readouterr().out, "a rate where no training image was seen"
     whole, parts = last_checkpoint(Path("whole")), last_checkpoint(Path("parts"))
     assert_same_training(whole, parts)
     assert len(logged(Path("whole"), "val")) == 2 / val_check_interval
     assert logged(Path("parts"), "val") == logged(Path("whole"), "val")
+    assert logged(Path("parts"), "train") == logged(Path("whole"), "train")
     best = [{name: state.get("best_model_score") for name, state in checkpoint["callbacks"].items()
              if name.startswith("ModelCheckpoint")} for checkpoint in (whole, parts)]  # fmt: skip
     assert best[0] and best[0] == best[1]

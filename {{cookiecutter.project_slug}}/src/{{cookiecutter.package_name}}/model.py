@@ -26,7 +26,7 @@ from .training.checkpoint_io import write_whole
 from .training.csv_logging import forget_rows_from
 from .training.metrics import MeanPerImage, add_states, classification_metrics, states_so_far
 from .training.reports import write_report
-from .training.resume import interrupts_an_epoch
+from .training.resume import epoch_goes_on_after
 from .training.run_folders import mark_finished, mark_unfinished
 
 
@@ -141,6 +141,7 @@ class ImageClassifier(L.LightningModule):
         self._saved_param_groups: list[dict] | None = None
         self._resumed_random_state: dict | None = None  # a checkpoint's (training/random_state.py), for on_train_start
         self._resumed_train_metrics: dict | None = None  # the interrupted epoch's so far, for on_train_start
+        self._train_epoch_unlogged = False  # resumed into an epoch's end: no step left to log its metrics
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = classification_metrics(num_classes, "train/")
         self.val_metrics = classification_metrics(num_classes, "val/")
@@ -176,7 +177,17 @@ class ImageClassifier(L.LightningModule):
         if not self.batch_mixing.enabled:
             self.train_metrics.update(logits, labels)
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        self._train_epoch_unlogged = False
         return losses.mean()
+
+    def on_train_epoch_end(self) -> None:
+        # A run resumed from a stop in an epoch's closing validation trains no step of the epoch, and
+        # Lightning logs only what a step logged: the epoch's numbers, restored, are logged here.
+        if self._train_epoch_unlogged:
+            self.log("train/loss_epoch", self.train_loss)
+            if not self.batch_mixing.enabled:
+                self.log_dict(self.train_metrics)
+            self._train_epoch_unlogged = False
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, self.val_metrics, self.val_loss, self.val_confusion, "val")
@@ -435,7 +446,7 @@ class ImageClassifier(L.LightningModule):
         # The weights are in the checkpoint: rebuilding the model from it must not download them.
         checkpoint["hyper_parameters"]["pretrained"] = False
         checkpoint["random_state"] = random_state.capture()
-        if interrupts_an_epoch(self.trainer):
+        if epoch_goes_on_after(self.trainer):
             # For the resumed run's epoch metrics to be over the whole epoch, not only its part.
             checkpoint["train_metrics_so_far"] = states_so_far(self._train_epoch_metrics())
 
@@ -457,6 +468,7 @@ class ImageClassifier(L.LightningModule):
             if self.global_rank == 0:  # the sum over every process, to which each adds its own part
                 add_states(self._train_epoch_metrics(), self._resumed_train_metrics)
             self._resumed_train_metrics = None
+            self._train_epoch_unlogged = True
         if self.trainer.ckpt_path is not None:
             self.say_restored_lr()
             if (folder := self._checkpoint_folder()) is not None:

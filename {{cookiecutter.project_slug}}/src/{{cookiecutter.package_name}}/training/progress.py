@@ -78,9 +78,10 @@ class LogLines(ProgressBar):
             metrics["lr"] = rates.pop()
         else:
             metrics |= {name: value for name, value in sorted(logged.items()) if name.startswith("lr-")}
-        rate = self._epoch_images / max(self._train_seconds, 1e-9)
         elapsed = time.perf_counter() - self._epoch_start
-        tail = f"{rate:.0f} img/s  {elapsed:.0f} s"
+        tail = f"{elapsed:.0f} s"
+        if self._epoch_images:  # none where a resumed run starts at the epoch's closing validation
+            tail = f"{self._epoch_images / max(self._train_seconds, 1e-9):.0f} img/s  {tail}"
         self._print(f"{self._epoch(trainer)}  done", metrics, tail)
 
     def _epoch(self, trainer: L.Trainer) -> str:

@@ -293,6 +293,13 @@ def interrupts_an_epoch(trainer: L.Trainer | None) -> bool:
     )
 
 
+def epoch_goes_on_after(trainer: L.Trainer) -> bool:
+    """Whether the run resumed from a checkpoint saved now goes on inside the same training epoch:
+    one saved inside it, or a stop within its closing validation (CheckpointOnStop), which the
+    resumed run does again before it ends the epoch."""
+    return interrupts_an_epoch(trainer) or (trainer.validating and trainer.received_sigterm)
+
+
 def limit_reached(checkpoint: Path, trainer: Namespace) -> str | None:
     """`max_epochs=N` or `max_steps=N` when the run saved in `checkpoint` has done that much."""
     if checkpoint.is_dir():
