@@ -321,6 +321,23 @@ def test_auto_on_a_run_that_reached_its_limit_says_so_and_ends_touching_nothing(
         assert {path: path.stat().st_mtime_ns for path in in_project_copy.glob("runs/**/*")} == written
 
 
+def test_a_requeued_job_whose_run_finished_trains_no_new_run(monkeypatch, caplog, in_project_copy, tiny_shapes):
+    # A SIGTERM as the run closed (W&B's last upload) ends the job with 143, which slurm.sbatch requeues.
+    one_epoch = [*TRAINER, *data(tiny_shapes), "--trainer.limit_val_batches=1", "--trainer.limit_train_batches=2",
+                 "--trainer.max_epochs=1"]  # fmt: skip
+    monkeypatch.setenv("SLURM_JOB_ID", "4711")
+    run_cli(monkeypatch, "fit", *one_epoch)
+    (run,) = run_folders(in_project_copy)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    run_command(monkeypatch, "fit", *one_epoch, "--ckpt_path=auto")
+    assert f"{run.name} finished in this job (4711) before its requeue: nothing left to train" in caplog.text
+    assert run_folders(in_project_copy) == [run]
+    # Another job's requeue, whose own run never started, starts it.
+    monkeypatch.setenv("SLURM_JOB_ID", "4712")
+    run_cli(monkeypatch, "fit", *one_epoch, "--ckpt_path=auto")
+    assert len(run_folders(in_project_copy)) == 2
+
+
 def test_an_early_stop_is_said_by_its_run_and_not_by_the_run_that_trains_it_further(
     monkeypatch, caplog, in_project_copy, tiny_shapes
 ):

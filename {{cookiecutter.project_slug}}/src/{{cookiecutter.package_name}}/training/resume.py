@@ -29,6 +29,7 @@ from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
 from .run_folders import (
     best_checkpoint,
     finished,
+    finished_by_job,
     hold_run,
     in_use,
     is_first_process,
@@ -93,6 +94,14 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
             if requested == "last" or subcommand != "fit":  # an evaluation would take untrained weights
                 fix = "Train one." if subcommand != "fit" else "Use --ckpt_path auto to start one when there is none."
                 raise MissingError(f"--ckpt_path {requested}: there is no */checkpoints/last.ckpt under {root}. {fix}")
+            job = os.environ.get("SLURM_JOB_ID")
+            if os.environ.get("SLURM_RESTART_COUNT", "0") != "0" and job and (done := finished_by_job(runs, job)):
+                # Stopped as its run closed and requeued: a new run would train it all again.
+                rank_zero_info(
+                    f"--ckpt_path auto: {done} finished in this job ({job}) before its requeue: nothing left to train"
+                )
+                leave_choice()
+                raise SystemExit(0)
             if unfinished:  # each one passed over: other processes train them
                 rank_zero_info(f"--ckpt_path auto: every unfinished run under {root} is being trained: a new run")
             else:

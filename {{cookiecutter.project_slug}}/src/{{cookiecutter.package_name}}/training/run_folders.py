@@ -266,7 +266,18 @@ def let_go_held() -> None:
 
 
 def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:
-    write_whole(checkpoints / FINISHED, json.dumps({"epoch": epoch, "step": step}) + "\n")
+    # With the SLURM job that finished it, whose requeue (a SIGTERM as the run closed) has nothing to do.
+    job = {"slurm_job": os.environ["SLURM_JOB_ID"]} if "SLURM_JOB_ID" in os.environ else {}
+    write_whole(checkpoints / FINISHED, json.dumps({"epoch": epoch, "step": step} | job) + "\n")
+
+
+def finished_by_job(lasts: list[Path], job: str) -> Path | None:
+    """The run, among those of `lasts`, that SLURM job `job` finished."""
+    for last in reversed(lasts):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if json.loads((last.parent / FINISHED).read_text()).get("slurm_job") == job:
+                return last.parent.parent
+    return None
 
 
 def mark_unfinished(checkpoints: Path) -> None:
