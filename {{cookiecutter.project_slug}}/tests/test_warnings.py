@@ -33,8 +33,14 @@ def test_a_short_fit_and_its_evaluation_print_no_stray_warning_and_end_at_once(i
              "--data.batch_size=8", "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
              "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1"]  # fmt: skip
     # The last evaluates on other data than the checkpoint's, into a new run (Lightning's notice that
-    # the checkpoint's folder is not this run's is no news).
-    for args in (["fit", *short], ["test", *short, "--ckpt_path=auto"], ["validate", *short, "--data.split_seed=8"]):
+    # the checkpoint's folder is not this run's is no news). The fit's ModelEMA, as the recipes add it,
+    # is no callback the evaluations need.
+    ema = "--trainer.callbacks+={{ cookiecutter.package_name }}.training.ema.ModelEMA"
+    for args in (
+        ["fit", *short, ema],
+        ["test", *short, "--ckpt_path=auto"],
+        ["validate", *short, "--data.split_seed=8"],
+    ):
         done = run_group([*COMMAND, *args], 300, cwd=in_project_copy, env=command_env())
         assert done.returncode == 0, done.stderr[-3000:]
         assert warnings_in(done.stdout + done.stderr) == [], f"{args[0]}: a warning not on the allow-list"

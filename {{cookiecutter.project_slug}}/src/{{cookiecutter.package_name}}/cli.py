@@ -41,7 +41,12 @@ from .model import ImageClassifier, check_same_architecture, check_same_classes,
 from .training.callbacks import EndWithLauncher
 from .training.checkpoint_io import Trainer
 from .training.progress import LogLines
-from .training.quiet import silence_dependency_noise, silence_resume_notice, silence_unmonitored_notice
+from .training.quiet import (
+    silence_dependency_noise,
+    silence_resume_notice,
+    silence_training_callbacks_notice,
+    silence_unmonitored_notice,
+)
 from .training.resume import (
     ALLOW_CHANGES,
     EVALUATIONS,
@@ -505,6 +510,7 @@ class ClassifierCLI(LightningCLI):
             self._parse_ckpt_path()
             config = self.config[self.subcommand]  # a new namespace, with the checkpoint's model
             evaluate_on_trained_data(config, options_given(GIVEN, "data"), self.subcommand)
+            silence_training_callbacks_notice()
         logger = first_logger(config.trainer)
         if is_first_process() and logger is not None and (run := chosen_runs(logger)) != run_root(logger):
             hold_run(run, self.subcommand)  # a run in use is refused before this logger starts

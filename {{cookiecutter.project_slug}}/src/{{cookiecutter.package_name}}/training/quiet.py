@@ -62,6 +62,12 @@ def silence_resume_notice(checkpoints: Path) -> None:
     warnings.filterwarnings("ignore", message=rf"Checkpoint directory .*{folder} exists and is not empty")
 
 
+def silence_training_callbacks_notice() -> None:
+    # An evaluation runs without the callbacks that trained its checkpoint, and needs none: their
+    # state is for a resumed fit, and ModelEMA's average is the checkpoint's weights already.
+    warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used to create")
+
+
 def silence_unmonitored_notice() -> None:
     # With validation off, ModelCheckpoint's hint to log its monitored key would send one looking for a bug.
     warnings.filterwarnings("ignore", message=r"`ModelCheckpoint\(monitor=.*could not find the monitored key")
