@@ -268,7 +268,7 @@ def test_the_resume_line_follows_a_saved_sigterm_only_and_names_the_command_run(
     assert "Resume this run" not in capsys.readouterr().err
 
 
-def test_last_trains_a_finished_run_further_in_its_own_folder(monkeypatch, in_project_copy, tiny_shapes):
+def test_last_trains_a_finished_run_further_in_its_own_folder(monkeypatch, caplog, in_project_copy, tiny_shapes):
     one_epoch = ["--trainer.limit_val_batches=1", "--trainer.max_epochs=1"]
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch)
     (run,) = run_folders(in_project_copy)
@@ -279,6 +279,8 @@ def test_last_trains_a_finished_run_further_in_its_own_folder(monkeypatch, in_pr
             "--trainer.max_epochs=2", "--ckpt_path=last")  # fmt: skip
     assert run_folders(in_project_copy) == [run], "the resumed run must carry on in its own folder"
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * first
+    # Its learning-rate schedule is stretched to the new limit, and the resume says so.
+    assert f"at this step of its schedule, which ends at step {2 * first})" in caplog.text
     assert (run / "config.yaml").read_text() == trained_config, "the run's config stays as it was trained"
     (resumed_config,) = run.glob("config_resumed_*.yaml")
     assert "max_epochs: 2" in resumed_config.read_text()
@@ -405,8 +407,9 @@ def test_auto_refuses_to_continue_a_run_with_other_data_model_or_schedule_option
     assert run_folders(in_project_copy) == [run] and (run / "checkpoints" / "finished.json").is_file()
     # The learning rate goes on from the checkpoint's, which the smaller batch would have scaled for a new run.
     # 0.002 x 4 / 64 as trained; 0.01 x 2 / 64 for a new run.
-    said = r"Learning rate 0.000125 at its peak \([\d.e-]+ at this step of its schedule\), the checkpoint's, restored"
-    assert re.search(said + " with its optimizer; these settings would give a new run 0.000313", caplog.text)
+    said = r"Learning rate 0.000125 at its peak \([\d.e-]+ at this step of its schedule, which ends at step \d+\), the"
+    assert re.search(said + " checkpoint's, restored with its optimizer; these settings would give a new run 0.000313",
+                     caplog.text)  # fmt: skip
     assert "Learning rate 0.000313 = " not in caplog.text
 
 

@@ -486,9 +486,11 @@ class ImageClassifier(L.LightningModule):
         restored, now = scheduler.base_lrs[head], scheduler.get_last_lr()[head]
         scaled = self.scaled_lr()
         other = "" if math.isclose(restored, scaled) else f"; these settings would give a new run {scaled:.3g}"
+        # The schedule's end is this fit's: `--ckpt_path last` with a higher limit stretches it to there.
+        end = int(self.trainer.estimated_stepping_batches)
         rank_zero_info(
-            f"Learning rate {restored:.3g} at its peak ({now:.3g} at this step of its schedule), the checkpoint's, "
-            f"restored with its optimizer{other}"
+            f"Learning rate {restored:.3g} at its peak ({now:.3g} at this step of its schedule, which ends at step "
+            f"{end}), the checkpoint's, restored with its optimizer{other}"
         )
 
     def on_fit_start(self) -> None:
