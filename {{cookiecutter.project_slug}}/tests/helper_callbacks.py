@@ -161,6 +161,13 @@ class SigtermInValidation(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class SigtermOnCreation(L.Callback):
+    """Send this process a SIGTERM as the command builds its callbacks, before training starts."""
+
+    def __init__(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class CrashAt(L.Callback):
     """End the run at a training step without saving anything, as a SIGKILL or a power cut does."""
 

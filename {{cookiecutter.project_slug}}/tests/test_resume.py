@@ -649,6 +649,17 @@ def test_a_sigterm_before_the_first_step_stops_the_run_after_it(monkeypatch, in_
     assert saved_step(run / "checkpoints" / "last.ckpt") == 1
 
 
+def test_a_sigterm_before_training_ends_the_command_in_one_line_and_lets_go_of_the_run(in_project_copy, tiny_shapes):
+    # Before Lightning's handlers are in place (parsing, building, the logger's start): nothing to save.
+    now = json.dumps({"class_path": "helper_callbacks.SigtermOnCreation"})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *TRAINER, *data(tiny_shapes),
+               f"--trainer.callbacks+={now}"]  # fmt: skip
+    done = subprocess.run(command, cwd=in_project_copy, env=command_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == "Stopped by SIGTERM outside training: nothing to save."
+    assert "Traceback" not in done.stderr
+
+
 def test_a_write_interrupted_midway_leaves_the_previous_checkpoint_loadable(monkeypatch, in_project_copy, tiny_shapes):
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1")
     (run,) = run_folders(in_project_copy)

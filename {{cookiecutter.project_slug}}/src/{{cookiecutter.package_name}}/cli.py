@@ -684,11 +684,29 @@ def resolved_config(cli_args: list[str]) -> dict:
     return yaml.safe_load(printed.getvalue())
 
 
+class StoppedOutsideTraining(SystemExit):
+    """A SIGTERM before training's own handlers are in place, or after they are gone."""
+
+
+def stop_outside_training(signum: int, frame) -> None:
+    # While a Trainer runs, Lightning's handler calls this one after its own: the stop is then training's.
+    if signal.getsignal(signal.SIGTERM) is stop_outside_training:
+        raise StoppedOutsideTraining(128 + signum)
+
+
 def main(args: list[str] | None = None) -> None:
     silence_dependency_noise()
+    # Set before training, Lightning's handlers and CheckpointOnStop's replace it while training runs.
+    outside_training = signal.signal(signal.SIGTERM, stop_outside_training)
     try:
         run_command(sys.argv[1:] if args is None else args, args)
         finish_wandb_run()
+    except StoppedOutsideTraining as stopped:
+        # Python's default would end the process silently, holding the run's lock file and W&B's run open.
+        finish_wandb_run(exit_code=stopped.code)
+        if is_first_process():
+            print("Stopped by SIGTERM outside training: nothing to save.", file=sys.stderr)
+        sys.exit(stopped.code)
     except (UserError, MisconfigurationException) as error:  # Lightning's word for a setting it refuses
         if wants_traceback():
             raise
@@ -704,6 +722,7 @@ def main(args: list[str] | None = None) -> None:
     finally:
         release_run()  # a notebook's or a test's process goes on; other commands may write into the run
         GIVEN.clear()
+        signal.signal(signal.SIGTERM, outside_training)
 
 
 def options_given(args: list[str], group: str) -> set[str]:
