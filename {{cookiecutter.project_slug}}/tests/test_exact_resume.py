@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -151,8 +152,11 @@ def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_re
     assert torch.load(interrupted, weights_only=True)["global_step"] == int(9 * val_check_interval)
     assert logged(Path("parts"), "val") == {}, "nothing of the validation stopped is logged"
     capsys.readouterr()
-    fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
     assert " 0 img/s" not in capsys.readouterr().out, "a rate where no training image was seen"
+    assert not [str(warning.message) for warning in warned if "before the ``update``" in str(warning.message)]
     whole, parts = last_checkpoint(Path("whole")), last_checkpoint(Path("parts"))
     assert_same_training(whole, parts)
     assert len(logged(Path("whole"), "val")) == 2 / val_check_interval

@@ -61,3 +61,4 @@ def add_states(metrics: dict[str, Metric], states: dict[str, dict[str, torch.Ten
         for state, value in states.get(name, {}).items():
             current = getattr(metric, state)
             setattr(metric, state, current + value.to(current.device))
+        metric._update_count += 1  # restored counts as updated: compute() would warn of no update
