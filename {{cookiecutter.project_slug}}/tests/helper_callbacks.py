@@ -132,18 +132,18 @@ class RecordOutputs(L.Callback):
 
 
 class SigtermAt(L.Callback):
-    """Send this process a SIGTERM at a training step, as SLURM does before the time limit (None: as
-    the sanity check ends, before the first step)."""
+    """Send this process (or only the one of this global rank) a SIGTERM at a training step, as SLURM
+    does before the time limit (None: as the sanity check ends, before the first step)."""
 
-    def __init__(self, step: int | None) -> None:
-        self.step = step
+    def __init__(self, step: int | None, rank: int | None = None) -> None:
+        self.step, self.rank = step, rank
 
     def on_sanity_check_end(self, trainer: L.Trainer, pl_module) -> None:
         if self.step is None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.step:
+        if self.rank in (None, trainer.global_rank) and trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -135,24 +135,40 @@ def test_every_process_resumes_the_run_its_first_one_chose_passing_over_another_
     assert torch.load(theirs / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7, "not trained"
 
 
-def test_a_sigterm_to_one_process_during_validation_stops_all_within_it_on_uneven_shards(in_project_copy, tiny_shapes):
-    # 21 validation images: shards of 11 and 10, 3 and 2 batches of 5. The processes agree over the
-    # batches both run; an agreement over the third, which one process does not run, would hang.
+@pytest.mark.parametrize(
+    ("removed", "stop", "options", "saved"),
+    [
+        # 21 validation images: shards of 11 and 10, 3 and 2 batches of 5. The processes agree over the
+        # batches both run; an agreement over the third, which one process does not run, would hang.
+        # The validation comes after 3 of the epoch's 7 steps.
+        (3, {"SigtermInValidation": {"epoch": 0, "rank": 1}}, ["--trainer.val_check_interval=0.5"], 3),
+        # 11 images: 2 and 1 batches. A stop agreed at the epoch's last step reaches the validation,
+        # whose first batch is one process's last: Lightning would stop the other after it.
+        (13, {"SigtermAt": {"step": 6, "rank": 1}}, [], 7),
+    ],
+    ids=["within-it", "agreed-before-it"],
+)
+def test_a_sigterm_to_one_process_stops_all_in_a_validation_on_uneven_shards(
+    in_project_copy, tiny_shapes, removed, stop, options, saved
+):
     uneven = in_project_copy / "uneven"
     shutil.copytree(tiny_shapes, uneven)
-    for path in sorted((uneven / "val").glob("*/*.png"))[:3]:
+    by_class = [sorted(folder.glob("*.png")) for folder in sorted((uneven / "val").iterdir())]
+    for path in [path for paths in zip(*by_class, strict=True) for path in paths][:removed]:  # every class keeps some
         path.unlink()
-    # A validation after 3 of the epoch's 7 steps, whose resumed run ends the epoch as the uninterrupted one.
+    # The resumed run ends the epoch as the uninterrupted one.
     run = ["--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER, "--trainer.max_epochs=1",
-           "--trainer.val_check_interval=0.5", *data(uneven, batch_size=5)]  # fmt: skip
+           *options, *data(uneven, batch_size=5)]  # fmt: skip
     fit(in_project_copy, *run)
-    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermInValidation", "init_args": {"epoch": 0, "rank": 1}})
-    command = [sys.executable, "-m", "image_classifier", "fit", *run, f"--trainer.callbacks+={sigterm}"]
+    ((name, init_args),) = stop.items()
+    sigterm = json.dumps({"class_path": f"helper_callbacks.{name}", "init_args": init_args})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *run, f"--trainer.callbacks+={sigterm}"]
     stopped = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
     assert "during validation, which the resumed run does again" in stopped.stdout + stopped.stderr
+    assert "Traceback" not in stopped.stderr, stopped.stderr[-4000:]
     whole, parts = sorted((in_project_copy / "runs" / "dist").iterdir())
-    assert torch.load(parts / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert torch.load(parts / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == saved
 
     fit(in_project_copy, *run, "--ckpt_path=auto")
     logged = [epoch_numbers(run / "metrics.csv") for run in (whole, parts)]

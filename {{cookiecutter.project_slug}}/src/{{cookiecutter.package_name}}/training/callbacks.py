@@ -82,6 +82,10 @@ class CheckpointOnStop(L.Callback):
         self._batches_to_agree_on = 0
         if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking:
             return
+        if trainer.received_sigterm:
+            # Agreed on at the epoch's last step: stopped before the first batch, in every process alike.
+            # Lightning would stop after it, unless it is a process's last, and that process alone would go on.
+            raise SIGTERMException
         batches = min(trainer.num_val_batches, default=0)
         common = torch.tensor(int(batches) if math.isfinite(batches) else 0, device=trainer.strategy.root_device)
         if trainer.world_size > 1:
