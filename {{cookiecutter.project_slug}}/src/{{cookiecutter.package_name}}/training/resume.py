@@ -14,6 +14,7 @@ import shlex
 import time
 import zipfile
 from pathlib import Path
+from typing import NoReturn
 
 import lightning as L
 import torch
@@ -97,11 +98,8 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
             job = os.environ.get("SLURM_JOB_ID")
             if os.environ.get("SLURM_RESTART_COUNT", "0") != "0" and job and (done := finished_by_job(runs, job)):
                 # Stopped as its run closed and requeued: a new run would train it all again.
-                rank_zero_info(
-                    f"--ckpt_path auto: {done} finished in this job ({job}) before its requeue: nothing left to train"
-                )
-                leave_choice()
-                raise SystemExit(0)
+                finished_here = f"--ckpt_path auto: {done} finished in this job ({job}) before its requeue"
+                job_done(f"{finished_here}: nothing left to train")
             if unfinished:  # each one passed over: other processes train them
                 rank_zero_info(f"--ckpt_path auto: every unfinished run under {root} is being trained: a new run")
             else:
@@ -123,9 +121,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
             said += f"nothing left to train. {raise_limit(reached, requested)}"
             if requested == "last":
                 raise ConfigError(said)
-            rank_zero_info(said)
-            leave_choice()  # the job's other tasks may not have read it yet
-            raise SystemExit(0)
+            job_done(said)
         doing = "resuming from" if subcommand == "fit" else "evaluating"
         rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
         if subcommand == "fit" and not config.get(ALLOW_CHANGES):
@@ -145,6 +141,14 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         return False  # it deletes the metrics.csv of a folder it reuses (csv_logging.py's logger appends)
     logger.init_args.version = run  # W&B's logger takes it for the id of the run to resume
     return subcommand == "fit"
+
+
+def job_done(said: str) -> NoReturn:
+    """End a requeued job that has nothing left to train, saying why, before the run's folder and
+    logger are touched."""
+    rank_zero_info(said)
+    leave_choice()  # the job's other tasks may not have read it yet
+    raise SystemExit(0)
 
 
 def check_same_options(config: Namespace, run: Path, requested: str) -> None:
