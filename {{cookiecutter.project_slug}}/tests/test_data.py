@@ -260,12 +260,33 @@ def test_every_stretch_of_the_validation_images_holds_every_class(tiny_shapes, t
 
 def test_a_fit_says_how_many_images_each_split_holds(caplog, tiny_shapes, tmp_path):
     ImageDataModule(tiny_shapes, num_workers=0).setup("fit")
-    said = "Data: 72 training and 24 validation images in 6 classes (12 training images a class) from"
-    assert f"{said} {tiny_shapes}" in caplog.text
+    said = "Data: 72 training and 24 validation image files in 6 classes (12 training files a class) from"
+    assert f"{said} {tiny_shapes}\n" in caplog.text
     make_folder(tmp_path, {"cat": 4, "dog": 9})  # no val/: a quarter of each class held out, 1 and round(2.25)
     ImageDataModule(tmp_path, num_workers=0, val_fraction=0.25).setup("fit")
-    said = "Data: 10 training and 3 validation images in 2 classes (3 to 7 training images a class) from"
-    assert f"{said} {tmp_path}" in caplog.text
+    said = "Data: 10 training and 3 validation image files in 2 classes (3 to 7 training files a class) from"
+    assert f"{said} {tmp_path}; no val/ folder, so validating on 0.25 of each class held out" in caplog.text
+
+
+def test_split_folders_are_read_under_the_names_datasets_give_them_in_any_case(caplog, tmp_path):
+    # Kaggle's Train/ and Test/ were trained on as two classes named so, and Roboflow's valid/ left unread.
+    for split in ("Train", "valid", "Test"):
+        make_folder(tmp_path / split, {"cat": 3, "dog": 2})
+    data = ImageDataModule(tmp_path, num_workers=0)
+    data.setup("fit")
+    assert data.class_names == ["cat", "dog"]
+    assert [len(split.samples) for split in (data.train_set, data.val_set, data.test_set)] == [5, 5, 5]
+    assert f"from {tmp_path}; Train/ as train/; valid/ as val/; Test/ as test/\n" in caplog.text
+    make_folder(tmp_path / "val", {"cat": 1, "dog": 1})
+    with pytest.raises(DataError, match=" has val/ and valid/, each a val split.s name: merge them into one"):
+        ImageDataModule(tmp_path, num_workers=0).setup("fit")
+
+
+def test_a_data_dir_under_the_home_folder_is_found_as_a_config_file_writes_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    make_folder(tmp_path / "datasets" / "pets", {"cat": 2, "dog": 2})
+    data = ImageDataModule("~/datasets/pets", num_workers=0)  # no shell expands ~ in a YAML file
+    assert (data.class_names, data.hparams.data_dir) == (["cat", "dog"], f"{tmp_path}/datasets/pets")
 
 
 def test_images_of_types_not_read_or_outside_the_class_folders_are_counted_in_one_warning(tmp_path):

@@ -173,7 +173,8 @@ class ImageDataModule(L.LightningDataModule):
                 f"data.num_folds must be 2 or more and data.fold from 0 to num_folds - 1, got {num_folds} and {fold}"
             )
         self.save_hyperparameters()
-        self.hparams.data_dir = str(data_dir)  # checkpoints must load with weights_only=True
+        data_dir = os.path.expanduser(data_dir)  # no shell expands a config file's ~/datasets/...
+        self.hparams.data_dir = data_dir  # a str: checkpoints must load with weights_only=True
         self._check_source()
         # Listed here, before a logger or a trainer starts, so that too many folds end in one line;
         # setup splits this list rather than walking the folder again.
@@ -263,9 +264,16 @@ class ImageDataModule(L.LightningDataModule):
         split (val_fraction, split_seed, folds) made of the folders."""
         train, val = self.train_class_counts(), self.class_counts("val")
         per_class = f"{min(train):,} to {max(train):,}" if min(train) != max(train) else f"{min(train):,}"
+        folders = {split: split_folder(self.data_dir, split) for split in SPLIT_NAMES}
+        notes = [f"{folder.name}/ as {split}/" for split, folder in folders.items() if folder and folder.name != split]
+        if self.hparams.num_folds is not None:
+            notes.append(f"validating on fold {self.hparams.fold} of {self.hparams.num_folds}")
+        elif folders["val"] is None:
+            notes.append(f"no val/ folder, so validating on {self.hparams.val_fraction:g} of each class held out")
+        # Files: an unreadable one is found, and skipped, only when it is read.
         return (
-            f"Data: {sum(train):,} training and {sum(val):,} validation images in {self.num_classes} classes "
-            f"({per_class} training images a class) from {self.data_dir}"
+            f"Data: {sum(train):,} training and {sum(val):,} validation image files in {self.num_classes} classes "
+            f"({per_class} training files a class) from {self.data_dir}" + "".join(f"; {said}" for said in notes)
         )
 
     def train_class_counts(self) -> list[int]:
@@ -339,7 +347,7 @@ class ImageDataModule(L.LightningDataModule):
 
     @property
     def _where_test_goes(self) -> str:
-        if self.data_dir.is_dir() and not (self.data_dir / "train").is_dir():  # class folders at the top
+        if self.data_dir.is_dir() and split_folder(self.data_dir, "train") is None:  # class folders at the top
             return f"at {self.data_dir / 'test'}, and move the class folders there now into {self.data_dir / 'train'}"
         return f"at {self.data_dir / 'test'}"
 
@@ -616,6 +624,24 @@ def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
     return saved_preprocessing(states[0] if states else {}, image_size)
 
 
+# Each split's folder names, in any case, as datasets name them (Roboflow's valid/, Kaggle's
+# Training/ and Testing/); a case-insensitive file system would match any case anyway.
+SPLIT_NAMES = {"train": ("train", "training"), "val": ("val", "valid", "validation"), "test": ("test", "testing")}
+
+
+def split_folder(data_dir: Path, split: str) -> Path | None:
+    """The folder of a split (train, val or test) in data_dir, by any of its names; None without one."""
+    if not data_dir.is_dir():
+        return None
+    found = sorted(path for path in data_dir.iterdir() if path.name.lower() in SPLIT_NAMES[split] and path.is_dir())
+    if len(found) > 1:
+        raise DataError(
+            f"{data_dir} has {' and '.join(path.name + '/' for path in found)}, each a {split} split's name: "
+            "merge them into one."
+        )
+    return found[0] if found else None
+
+
 def train_folder(data_dir: Path) -> Path:
     """The folder of the training class folders: data_dir/train, or data_dir itself."""
     if not data_dir.is_dir():
@@ -626,10 +652,9 @@ def train_folder(data_dir: Path) -> Path:
             f"Data folder {data_dir} {'is a file' if data_dir.exists() else 'does not exist'}. Point --data.data_dir "
             f"at a folder of class folders (or of train/ and val/ folders of class folders){draw}."
         )
-    train_dir = data_dir / "train"
-    if train_dir.is_dir():
+    if train_dir := split_folder(data_dir, "train"):
         return train_dir
-    splits = [name for name in ("val", "test") if (data_dir / name).is_dir()]
+    splits = [folder.name for name in ("val", "test") if (folder := split_folder(data_dir, name))]
     if splits:
         raise DataError(
             f"{data_dir} has {' and '.join(s + '/' for s in splits)} but no train/: move the training "
@@ -641,8 +666,8 @@ def train_folder(data_dir: Path) -> Path:
 def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split_seed: int) -> dict[str, list]:
     """The (path, label) pairs of each split: train and val, and test when there is a test/ folder.
     Without val/, a seeded split stratified by class holds out `val_fraction` of the training images."""
-    train_dir, val_dir = train_folder(data_dir), data_dir / "val"
-    if val_dir.is_dir():
+    train_dir, val_dir = train_folder(data_dir), split_folder(data_dir, "val")
+    if val_dir:
         splits = {"train": find_images(train_dir, classes), "val": find_images(val_dir, classes)}
     else:
         samples = find_images(train_dir, classes)
@@ -654,14 +679,14 @@ def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split
 
 def has_test_folder(data_dir: Path) -> bool:
     """A test split is a test/ folder of class folders: never carved from the training images."""
-    return (data_dir / "test").is_dir()
+    return split_folder(data_dir, "test") is not None
 
 
 def with_test_split(splits: dict[str, list], data_dir: Path, classes: list[str]) -> dict[str, list]:
     """`splits` and, when there is a test/ folder, its images as the test split, whatever split the rest;
     the evaluated splits (val, test) with their classes interleaved."""
-    if has_test_folder(data_dir):
-        splits["test"] = find_images(data_dir / "test", classes)
+    if test_dir := split_folder(data_dir, "test"):
+        splits["test"] = find_images(test_dir, classes)
     return {name: samples if name == "train" else interleaved(samples) for name, samples in splits.items()}
 
 
