@@ -108,6 +108,24 @@ def test_doctor_command_reports_this_machine_as_json(monkeypatch, capsys, tmp_pa
     assert {check["verdict"] for check in report["checks"]} <= {"ok", "info", "warn"}
 
 
+def test_the_data_is_checked_as_fit_reads_it(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    # Every line said ok for a data folder that does not exist; only fit found out.
+    def doctor_says(*options: str) -> tuple[int, str]:
+        monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "doctor", *options])
+        with pytest.raises(SystemExit) as stopped:
+            main()
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith(("ok", "fail"))
+                   and "  data: " in line]  # fmt: skip
+        return stopped.value.code, line
+
+    (in_project_copy / "mine.yaml").write_text(f"data:\n  data_dir: {in_project_copy / 'nowhere'}\n")
+    code, line = doctor_says("--config=mine.yaml")
+    assert code == 1 and line.startswith(f" fail  data: Data folder {in_project_copy / 'nowhere'} does not exist")
+    (in_project_copy / "mine.yaml").write_text(f"data:\n  data_dir: {tiny_shapes}\n  synthetic: false\n")
+    code, line = doctor_says("--config=mine.yaml")
+    assert code in (0, None) and line.startswith("   ok  data: 72 training and 24 validation image files in 6 classes")
+
+
 def test_a_config_that_does_not_parse_is_one_error_line(monkeypatch, capsys, in_project_copy):
     (in_project_copy / "typo.yaml").write_text("data:\n  batch_sise: 2\n")
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "doctor", "--config=typo.yaml"])

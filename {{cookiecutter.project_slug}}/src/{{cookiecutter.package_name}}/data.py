@@ -264,17 +264,23 @@ class ImageDataModule(L.LightningDataModule):
         split (val_fraction, split_seed, folds) made of the folders."""
         train, val = self.train_class_counts(), self.class_counts("val")
         per_class = f"{min(train):,} to {max(train):,}" if min(train) != max(train) else f"{min(train):,}"
+        # Files: an unreadable one is found, and skipped, only when it is read.
+        return (
+            f"Data: {sum(train):,} training and {sum(val):,} validation image files in {self.num_classes} classes "
+            f"({per_class} training files a class) from {self.data_dir}"
+            + "".join(f"; {note}" for note in self._split_notes())
+        )
+
+    def _split_notes(self) -> list[str]:
+        """Where the splits came from, where the folders do not say: a split folder of another name, a
+        fold, a share of each class held out."""
         folders = {split: split_folder(self.data_dir, split) for split in SPLIT_NAMES}
         notes = [f"{folder.name}/ as {split}/" for split, folder in folders.items() if folder and folder.name != split]
         if self.hparams.num_folds is not None:
             notes.append(f"validating on fold {self.hparams.fold} of {self.hparams.num_folds}")
         elif folders["val"] is None:
             notes.append(f"no val/ folder, so validating on {self.hparams.val_fraction:g} of each class held out")
-        # Files: an unreadable one is found, and skipped, only when it is read.
-        return (
-            f"Data: {sum(train):,} training and {sum(val):,} validation image files in {self.num_classes} classes "
-            f"({per_class} training files a class) from {self.data_dir}" + "".join(f"; {said}" for said in notes)
-        )
+        return notes
 
     def train_class_counts(self) -> list[int]:
         """The training images of each class, in label order."""
@@ -535,6 +541,9 @@ class StreamingDataModule(ImageDataModule):
 
     def class_counts(self, split: str) -> list[int]:
         return self.manifest["splits"][split]["class_counts"]
+
+    def _split_notes(self) -> list[str]:
+        return []  # the shards' splits, which `shard` made and reported
 
     def train_dataloader(self) -> DataLoader:
         from .datasets.streaming import resume_position

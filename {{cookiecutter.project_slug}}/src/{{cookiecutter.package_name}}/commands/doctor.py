@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..cli import resolved_config
-from ..data import auto_workers
-from ..errors import PACKAGE, CommandParser
+from ..data import ImageDataModule, auto_workers
+from ..errors import PACKAGE, CommandParser, UserError
 from ..hardware.checks import machine_facts, machine_of
 from ..hardware.rules import fastest_precision, from_trainer, problems, target
 {%- if cookiecutter.logger == "wandb" %}
@@ -102,6 +102,19 @@ def data_checks(facts: dict, data: dict, devices: int) -> list[Check]:
         else:
             found.append(Check("ok", f"/dev/shm {shm / 2**30:.1f} GiB"))
     return found
+
+
+def data_folder_check(data: dict) -> Check:
+    """The data as fit reads it before a run starts: the folder's layout, classes and splits."""
+    try:
+        module = ImageDataModule(**data)
+        classes = module.class_names  # where fit stops on a missing or badly laid out folder
+        if module.hparams.synthetic and not module.data_dir.exists():
+            return Check("ok", f"data: the built-in shapes ({len(classes)} classes), drawn by fit in {module.data_dir}")
+        module.check_folders()
+    except UserError as error:
+        return Check("fail", f"data: {error}")
+    return Check("ok", module.describe_splits().replace("Data: ", "data: ", 1))
 {%- if cookiecutter.logger == "wandb" %}
 
 
@@ -124,7 +137,7 @@ def main(args: list[str]) -> int:
     options = parser.parse_args(args)
     facts = machine_facts()
     config = resolved_config([f"--config={path}" for path in options.config])
-    found = checks(facts, config)
+    found = [*checks(facts, config), data_folder_check(config["data"])]
     if options.json:
         print(json.dumps({"machine": facts, "checks": [asdict(check) for check in found]}))
     else:
