@@ -282,6 +282,16 @@ def test_split_folders_are_read_under_the_names_datasets_give_them_in_any_case(c
         ImageDataModule(tmp_path, num_workers=0).setup("fit")
 
 
+def test_a_linked_folder_inside_a_class_folder_is_not_followed_and_said_so(tmp_path):
+    make_folder(tmp_path / "data", {"cat": 2, "dog": 2})
+    make_folder(tmp_path / "more", {"cats": 3})
+    (tmp_path / "data" / "cat" / "extra").symlink_to(tmp_path / "more" / "cats")
+    with pytest.warns(UserWarning, match=r"^1 linked folder\(s\) in the class folders of .+ \(such as cat/extra\) "
+                      "are not followed, as a link to a parent would give"):  # fmt: skip
+        samples = data_module.find_images(tmp_path / "data", ["cat", "dog"])
+    assert len(samples) == 4
+
+
 def test_a_data_dir_under_the_home_folder_is_found_as_a_config_file_writes_it(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     make_folder(tmp_path / "datasets" / "pets", {"cat": 2, "dog": 2})

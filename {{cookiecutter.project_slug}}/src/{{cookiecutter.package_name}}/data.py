@@ -772,10 +772,10 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
             f"{len(loose)} image(s) directly in {folder} (such as {sorted(loose)[0]}) are in no class folder, so are "
             "left out: move each into the folder of its class."
         )
-    samples, empty, unreadable, other_images = [], [], [], Counter()
+    samples, empty, unreadable, other_images, links = [], [], [], Counter(), []
     for label, name in enumerate(classes):
         class_dir = folder / name
-        paths = sorted(image_files_under(class_dir, other_images))
+        paths = sorted(image_files_under(class_dir, other_images, links))
         if class_dir.is_dir() and not paths:
             empty.append(repr(name))
         # Skipped one by one in training, a class's images all unreadable would leave it untrained, and
@@ -785,6 +785,12 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
         samples += [(path, label) for path in paths]
     if warning := other_images_warning(other_images, folder):  # first: it may say why a folder is empty
         rank_zero_warn(warning)
+    if links:
+        rank_zero_warn(
+            f"{len(links)} linked folder(s) in the class folders of {folder} (such as "
+            f"{os.path.relpath(links[0], folder)}) are not followed, as a link to a parent would give the other "
+            "classes' images this class: link the images themselves, or copy the folder."
+        )
     if empty:
         raise DataError(
             f"No images ({', '.join(IMG_EXTENSIONS)}) in the class folder(s) {', '.join(empty)} of {folder}: "
@@ -798,14 +804,16 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     return samples
 
 
-def image_files_under(folder: Path, other_images: Counter | None = None) -> list[str]:
+def image_files_under(folder: Path, other_images: Counter | None = None, links: list | None = None) -> list[str]:
     """Image files under a folder, skipping hidden files and folders (.ipynb_checkpoints, macOS ._
     files). The folder itself or an image may be a link; a linked sub-folder is not followed, as a
-    link to a parent would label the other classes' images with this class. Images of other types
-    (.gif, .heic) are counted by extension into `other_images`."""
+    link to a parent would label the other classes' images with this class: such folders are added
+    to `links`. Images of other types (.gif, .heic) are counted by extension into `other_images`."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if links is not None:
+            links += [path for d in dirs if os.path.islink(path := os.path.join(root, d))]
         for name in (f for f in files if not f.startswith(".")):
             if is_image_name(name):
                 found.append(os.path.join(root, name))
