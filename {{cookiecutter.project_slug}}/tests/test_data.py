@@ -292,6 +292,17 @@ def test_a_linked_folder_inside_a_class_folder_is_not_followed_and_said_so(tmp_p
     assert len(samples) == 4
 
 
+def test_class_folders_named_in_another_unicode_form_are_the_same_classes(tmp_path):
+    # A val/ copied on macOS or out of a zip spells é as e and an accent: "class folders the training data lacks".
+    make_folder(tmp_path / "train", {"caf\u00e9": 2, "d\u00e9j\u00e0": 2})
+    make_folder(tmp_path / "val", {"cafe\u0301": 1, "de\u0301ja\u0300": 1})
+    data = ImageDataModule(tmp_path, num_workers=0)
+    data.setup("fit")
+    assert data.class_names == ["caf\u00e9", "d\u00e9j\u00e0"]
+    assert sorted(label for _, label in data.val_set.samples) == [0, 1]
+    assert data_module.find_classes(tmp_path / "val") == data.class_names
+
+
 def test_a_data_dir_under_the_home_folder_is_found_as_a_config_file_writes_it(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     make_folder(tmp_path / "datasets" / "pets", {"cat": 2, "dog": 2})

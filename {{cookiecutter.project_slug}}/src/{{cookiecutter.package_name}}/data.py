@@ -6,6 +6,7 @@ import mimetypes
 import multiprocessing
 import os
 import sys
+import unicodedata
 from collections import Counter
 from pathlib import Path
 from typing import Literal
@@ -753,7 +754,9 @@ class TooFewClassesError(DataError):
 
 
 def find_classes(folder: Path) -> list[str]:
-    classes = _subfolders(folder)
+    """The class folders' names, sorted, in Unicode's composed form: macOS and some zip tools write é
+    as e and an accent, and a copy of the folders made there must name and order the classes alike."""
+    classes = sorted(unicodedata.normalize("NFC", name) for name in _subfolders(folder))
     if len(classes) < 2:
         raise TooFewClassesError(folder, classes)
     return classes
@@ -761,7 +764,8 @@ def find_classes(folder: Path) -> list[str]:
 
 def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     """Every image under `folder/<class>/`, labelled by the class's index in `classes`."""
-    unknown = sorted(set(_subfolders(folder)) - set(classes))
+    folders = {unicodedata.normalize("NFC", name): name for name in _subfolders(folder)}  # as find_classes names
+    unknown = sorted(set(folders) - set(classes))
     if unknown:
         raise DataError(
             f"{folder} has class folders the training data lacks: {', '.join(unknown)}. Add the class's training "
@@ -774,7 +778,7 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
         )
     samples, empty, unreadable, other_images, links = [], [], [], Counter(), []
     for label, name in enumerate(classes):
-        class_dir = folder / name
+        class_dir = folder / folders.get(name, name)
         paths = sorted(image_files_under(class_dir, other_images, links))
         if class_dir.is_dir() and not paths:
             empty.append(repr(name))
