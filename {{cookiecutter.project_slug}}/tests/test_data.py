@@ -303,6 +303,20 @@ def test_class_folders_named_in_another_unicode_form_are_the_same_classes(tmp_pa
     assert data_module.find_classes(tmp_path / "val") == data.class_names
 
 
+def test_an_evaluation_with_a_val_folder_reads_nothing_of_the_training_images(tmp_path):
+    # It listed them all (minutes for millions on a network file system) and warned of their files.
+    make_folder(tmp_path / "train", {"cat": 3, "dog": 3})
+    make_folder(tmp_path / "val", {"cat": 1, "dog": 2})
+    (tmp_path / "train" / "cat" / "scraped.gif").write_bytes(b"GIF89a")
+    for stage, warned in ("validate", []), ("fit", ["Skipped 1 image file(s) under"]):
+        data = ImageDataModule(tmp_path, num_workers=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            data.setup(stage)
+        assert [str(warning.message)[:29] for warning in caught if "Skipped" in str(warning.message)] == warned
+        assert len(data.val_set) == 3
+
+
 def test_a_data_dir_under_the_home_folder_is_found_as_a_config_file_writes_it(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     make_folder(tmp_path / "datasets" / "pets", {"cat": 2, "dog": 2})

@@ -563,7 +563,7 @@ class ClassifierCLI(LightningCLI):
             check_same_optimizer_layout(states[0]["param_groups"], self.model.parameter_groups())
         if self.subcommand == "fit" and self.trainer.limit_val_batches == 0:
             self.say_validation_off()
-        self.datamodule.check_folders()
+        self.datamodule.check_folders(self.subcommand)  # Lightning's stages have the subcommands' names
         if self.subcommand == "test":
             self.datamodule.check_test_split()
 

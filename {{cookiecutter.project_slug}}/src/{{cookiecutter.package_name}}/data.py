@@ -228,7 +228,7 @@ class ImageDataModule(L.LightningDataModule):
         # The splits check_folders made serve the setup that follows; a later one (a notebook's second
         # fit, a script's next fold) reads the folders again.
         if not self._splits_checked:
-            self._make_splits()
+            self._make_splits(stage)
         self._splits_checked = False
         if stage == "fit":
             rank_zero_info(self.describe_splits())
@@ -238,18 +238,20 @@ class ImageDataModule(L.LightningDataModule):
         if validates and (warning := unvalidated_warning(self.class_counts("val"), self.class_names)):
             rank_zero_warn(warning)
 
-    def check_folders(self) -> None:
-        """Read the split folders now, before a logger starts a run (a W&B run online), so that a mistake
-        in them (an empty class folder, too few images to split) leaves no run behind."""
+    def check_folders(self, stage: str = "fit") -> None:
+        """Read the split folders that `stage` (Lightning's: fit, validate, test, predict) uses now, before
+        a logger starts a run (a W&B run online), so that a mistake in them (an empty class folder, too
+        few images to split) leaves no run behind."""
         if self.data_dir.exists():  # the built-in shapes are drawn later, by prepare_data
-            self._make_splits()
+            self._make_splits(stage)
             self._splits_checked = True
 
-    def _make_splits(self) -> None:
+    def _make_splits(self, stage: str) -> None:
         options, classes = self.hparams, self.class_names
         pool, self._fold_pool = self._fold_pool, None  # listed on construction, for the first splits only
         if options.num_folds is None:
-            splits = split_samples(self.data_dir, classes, options.val_fraction, options.split_seed)
+            training = stage == "fit"
+            splits = split_samples(self.data_dir, classes, options.val_fraction, options.split_seed, training)
         else:
             splits = fold_samples(self.data_dir, classes, options.num_folds, options.fold, options.split_seed, pool)
         # Each split gets its own dataset object and transform, so augmentation never leaks into
@@ -519,10 +521,10 @@ class StreamingDataModule(ImageDataModule):
     def prepare_data(self) -> None:
         """Sharded data is made by `shard`, never drawn here."""
 
-    def check_folders(self) -> None:
+    def check_folders(self, stage: str = "fit") -> None:
         """`shard` checked the folders as it wrote the shards; the manifest was read on construction."""
 
-    def _make_splits(self) -> None:
+    def _make_splits(self, stage: str) -> None:
         splits = self.manifest["splits"]  # the manifest first: a missing one is named
         self.train_set = self._split("train", self._train_transform(), shuffle=True)
         self.val_set = self._split("val", self.preprocessing.eval_transform(), shuffle=False)
@@ -673,12 +675,16 @@ def train_folder(data_dir: Path) -> Path:
     return data_dir
 
 
-def split_samples(data_dir: Path, classes: list[str], val_fraction: float, split_seed: int) -> dict[str, list]:
+def split_samples(
+    data_dir: Path, classes: list[str], val_fraction: float, split_seed: int, training: bool = True
+) -> dict[str, list]:
     """The (path, label) pairs of each split: train and val, and test when there is a test/ folder.
-    Without val/, a seeded split stratified by class holds out `val_fraction` of the training images."""
+    Without val/, a seeded split stratified by class holds out `val_fraction` of the training images.
+    Not `training` (an evaluation), a val/ folder spares listing the training images, maybe millions."""
     train_dir, val_dir = train_folder(data_dir), split_folder(data_dir, "val")
     if val_dir:
-        splits = {"train": find_images(train_dir, classes), "val": find_images(val_dir, classes)}
+        train = find_images(train_dir, classes) if training else []
+        splits = {"train": train, "val": find_images(val_dir, classes)}
     else:
         samples = find_images(train_dir, classes)
         names = [os.path.relpath(path, train_dir) for path, _ in samples]
