@@ -1,5 +1,6 @@
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -427,6 +428,30 @@ def test_unreadable_images_are_skipped_with_a_warning_naming_them(tmp_path):
     assert len(labels) == len(data.train_set) - len(skipped)
 
 
+def test_an_unreadable_image_is_named_once_whichever_data_worker_reads_it(tmp_path):
+    # Each persistent worker process warned once per message: the image was named once by each worker
+    # that met it, epoch after epoch (up to num_workers times: auto gives up to a CPU's count).
+    with_broken_images(tmp_path)
+    epochs = f"""
+import torch
+from torch.utils.data import DataLoader
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.datasets.images import collate_readable
+data = ImageDataModule({str(tmp_path)!r}, num_workers=0, val_fraction=0.1)
+data.setup("fit")
+torch.manual_seed(0)  # the order, and so which worker reads each image, changes from epoch to epoch
+loader = DataLoader(data.train_set, batch_size=4, shuffle=True, drop_last=True, collate_fn=collate_readable,
+                    num_workers=2, persistent_workers=True, multiprocessing_context="forkserver")
+for epoch in range(6):
+    list(loader)
+"""
+    command = [sys.executable, "-c", epochs]
+    done = subprocess.run(command, capture_output=True, text=True, env=command_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    named = re.findall(r"Skipping the unreadable image .*/(\S+) \(", done.stderr)
+    assert sorted(named) == ["garbage.jpg", "truncated.png"], done.stderr[-3000:]
+
+
 def test_a_batch_of_unreadable_images_alone_stops_with_the_fix(tmp_path):
     data = ImageDataModule(with_broken_images(tmp_path), num_workers=0, batch_size=1, val_fraction=0.1)
     data.setup("fit")
@@ -492,6 +517,7 @@ def test_a_process_whose_workers_are_still_up_exits_at_once(tiny_shapes, tmp_pat
 
 LOADER_SIGNALLED = """
 import os
+import re
 import signal
 import sys
 import time

@@ -2,8 +2,10 @@
 skipped with a warning naming it; what the {{ "folder and streaming datasets" if cookiecutter.streaming == "yes" else "image folders" }}{{ ", classify and serve" if cookiecutter.serving == "yes" else " and classify" }} share."""
 
 import contextlib
+import functools
 import io
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -36,6 +38,9 @@ class ImageFiles(Dataset):
         self.image_transform = transform
         self.skip_unreadable = skip_unreadable
         self.named = named
+        # In shared memory: each data worker process warns once per message, so an unreadable image
+        # read by another worker every epoch was named once by each of them.
+        self._skips_said = torch.zeros(len(samples), dtype=torch.bool).share_memory_()
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -44,15 +49,30 @@ class ImageFiles(Dataset):
         """The sample at an index; at (index, seed), from EpochSampler, augmented with draws seeded by `seed`."""
         index, seed = (key, None) if isinstance(key, int) else key
         path, label = self.samples[index]
+        first_skip = functools.partial(self._first_skip, index)
         with contextlib.nullcontext() if seed is None else seeded_draws(seed):
-            return labelled_image(path, path if self.named else label, path, self.image_transform, self.skip_unreadable)
+            return labelled_image(
+                path, path if self.named else label, path, self.image_transform, self.skip_unreadable, first_skip
+            )
+
+    def _first_skip(self, index: int) -> bool:
+        """Whether no process has named the unreadable image at `index` yet; from now on, one has."""
+        said = bool(self._skips_said[index])
+        self._skips_said[index] = True
+        return not said
 
 
 def labelled_image(
-    source: str | bytes | memoryview, label: int | str, name: str, transform: v2.Transform, skip_unreadable: bool
+    source: str | bytes | memoryview,
+    label: int | str,
+    name: str,
+    transform: v2.Transform,
+    skip_unreadable: bool,
+    first_skip: Callable[[], bool] = lambda: True,
 ) -> tuple[torch.Tensor, int | str] | None:
     """(transformed image, label) of an image file or its bytes; for an unreadable one, None with a
-    warning naming it when `skip_unreadable`, else an error naming it."""
+    warning naming it (where `first_skip()` says it is the first time) when `skip_unreadable`, else an
+    error naming it."""
     try:
         image = read_rgb(source)
     except DECODE_ERRORS as error:
@@ -60,7 +80,8 @@ def labelled_image(
             raise UnreadableImageError(
                 f"Cannot read the image {name} ({error}): remove or replace it, or set data.bad_images to skip."
             ) from error
-        warnings.warn(f"Skipping the unreadable image {name} ({error})", stacklevel=1)
+        if first_skip():
+            warnings.warn(f"Skipping the unreadable image {name} ({error})", stacklevel=1)
         return None
     return transform(image), label
 
