@@ -371,6 +371,22 @@ def interrupted_run(monkeypatch, project: Path, tiny_shapes: Path) -> Path:
     return run
 
 
+def test_a_resume_that_failed_before_it_saved_leaves_the_options_to_compare_as_they_were(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    # Its config_resumed_*.yaml named options that trained nothing: the next resume with them went unrefused.
+    run = interrupted_run(monkeypatch, in_project_copy, tiny_shapes)
+    crash = json.dumps({"class_path": "helper_callbacks.CrashAt", "init_args": {"step": 4}})
+    other = [*TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
+             "--model.lr=0.01", "--ckpt_path=auto"]  # fmt: skip
+    with pytest.raises(SystemError, match="crashed at step 4"):
+        run_cli(monkeypatch, "fit", *other, "--allow_resume_changes=true", f"--trainer.callbacks+={crash}")
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 3 and len(list(run.glob("config_resumed_*"))) == 1
+    capsys.readouterr()
+    message = refusal(monkeypatch, capsys, "fit", *other)
+    assert "other options than config.yaml has: model.lr 0.002 -> 0.01" in message, message
+
+
 def test_auto_continues_the_newest_unfinished_run_not_a_newer_finished_one(
     monkeypatch, caplog, in_project_copy, tiny_shapes
 ):

@@ -125,7 +125,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         doing = "resuming from" if subcommand == "fit" else "evaluating"
         rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
         if subcommand == "fit" and not config.get(ALLOW_CHANGES):
-            check_same_options(config, run, requested)
+            check_same_options(config, found[-1], requested)
     elif subcommand == "fit":
         # A checkpoint given by path starts a new run from it (a copied file), from its epoch on.
         if requested and Path(requested).is_file() and (reached := limit_reached(Path(requested), config.trainer)):
@@ -151,10 +151,11 @@ def job_done(said: str) -> NoReturn:
     raise SystemExit(0)
 
 
-def check_same_options(config: Namespace, run: Path, requested: str) -> None:
-    """Refuse to continue `run` with other data, model or schedule options than it was trained with:
-    the weights would go on training towards something else under the run's name."""
-    saved, trained = newest_config(run)
+def check_same_options(config: Namespace, checkpoint: Path, requested: str) -> None:
+    """Refuse to continue a run from `checkpoint` with other data, model or schedule options than it
+    was trained with: the weights would go on training towards something else under the run's name."""
+    run = checkpoint.parent.parent
+    saved, trained = config_at(checkpoint)
     if saved is None:
         return  # a run without a config (trained outside the CLI): nothing to compare
     changed = [
@@ -205,7 +206,7 @@ def evaluate_on_trained_data(config: Namespace, given: set[str], subcommand: str
 
 def validates_other_batches(config: Namespace) -> bool:
     """Whether a validate of a run's checkpoint covers other batches than the run's validation did."""
-    saved, trained = newest_config(Path(config.ckpt_path).parent.parent)
+    saved, trained = config_at(Path(config.ckpt_path))
     if saved is None:
         return False  # a checkpoint from elsewhere, evaluated in a run of its own
     was = (trained.get("trainer") or {}).get("limit_val_batches")
@@ -226,11 +227,15 @@ def same_data_option(name: str, trained, now) -> bool:
     return trained == now
 
 
-def newest_config(run: Path) -> tuple[Path | None, dict]:
-    """The config file a run was last trained with (that of its newest resume, else its config.yaml)
-    and its settings; None and {} for a run trained outside the CLI."""
+def config_at(checkpoint: Path) -> tuple[Path | None, dict]:
+    """The config file its run was trained with when `checkpoint` (<run>/checkpoints/<file or folder>)
+    was written, and its settings: the newest written before it (config.yaml, or a resume's), since a
+    resume that failed before saving wrote one whose options trained nothing; the newest where none
+    was (a copied folder). None and {} for a run trained outside the CLI."""
+    run, written = checkpoint.parent.parent, checkpoint.stat().st_mtime_ns
     saved = [path for path in [run / "config.yaml", *sorted(run.glob("config_resumed_*.yaml"))] if path.is_file()]
-    return (saved[-1], yaml.safe_load(saved[-1].read_text()) or {}) if saved else (None, {})
+    before = [path for path in saved if path.stat().st_mtime_ns <= written] or saved
+    return (before[-1], yaml.safe_load(before[-1].read_text()) or {}) if before else (None, {})
 
 
 def resumed_config_name() -> str:
