@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ON_CPU, on_data, refusal, run_cli, run_command
 
 from {{ cookiecutter.package_name }}.commands.classify import image_files
@@ -73,6 +74,22 @@ def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path
 def test_wrong_options_end_in_one_line(monkeypatch, capsys, trained, tiny_shapes, given, expected):
     capsys.readouterr()  # the training of the `trained` fixture, when it ran in this test
     assert expected in refusal(monkeypatch, capsys, "classify", str(tiny_shapes / "test"), *given)
+
+
+def test_a_checkpoint_that_no_longer_fits_the_model_code_ends_in_one_line(monkeypatch, capsys, trained, tiny_shapes):
+    # As after an edit of the model's code: its options build a head of another width than the weights'.
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    saved = torch.load(checkpoint, weights_only=True)
+    head = [name for name, weights in saved["state_dict"].items() if weights.ndim == 2][-1]
+    saved["state_dict"][head] = torch.cat([saved["state_dict"][head]] * 2, dim=1)
+    torch.save(saved, trained / "edited.ckpt")
+    capsys.readouterr()
+    for command in ["classify", str(tiny_shapes / "test"), "--checkpoint=edited.ckpt"], ["export", "edited.ckpt"]:
+        message = refusal(monkeypatch, capsys, *command)
+        assert message.startswith(f"error: The weights in edited.ckpt do not fit the model this code builds from its "
+                                  f"options (size mismatch for {head}: "), message  # fmt: skip
+        assert message.endswith("the model's code changed since it was trained. Use the code it was trained with, "
+                                "or train anew."), message  # fmt: skip
 
 
 def test_only_unreadable_images_is_a_failure_that_keeps_the_earlier_output(monkeypatch, capsys, trained, tmp_path):

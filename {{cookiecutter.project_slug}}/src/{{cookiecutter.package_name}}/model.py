@@ -560,11 +560,29 @@ def check_same_architecture(saved: dict, model: L.LightningModule) -> None:
     misfits = sorted(name for name in weights.keys() | ours.keys() if name not in weights or name not in ours
                      or getattr(weights[name], "shape", None) != getattr(ours[name], "shape", None))  # fmt: skip
     if misfits:
-        trained = saved.get("hyper_parameters", {}).get("backbone", "another model")
+        trained, ours = saved.get("hyper_parameters", {}).get("backbone", "another model"), model.hparams.backbone
+        model_now, fix = f"this model ({ours})", "the model options it was trained with (its run's config.yaml)"
+        if trained == ours:  # the same options: the code that builds the model changed
+            model_now, fix = f"the {ours} this code builds", "the model code it was trained with, or train anew"
         raise ConfigError(
-            f"The checkpoint's weights ({trained}) do not fit this model ({model.hparams.backbone}): {len(misfits)} "
-            f"tensors differ, {misfits[0]} first. Use the model options it was trained with (its run's config.yaml)."
+            f"The checkpoint's weights ({trained}) do not fit {model_now}: {len(misfits)} tensors differ, "
+            f"{misfits[0]} first. Use {fix}."
         )
+
+
+def load_trained(checkpoint: str | Path, map_location: str | torch.device) -> ImageClassifier:
+    """The model of a checkpoint, built from its options; refused in one line where its weights no
+    longer fit what this code builds from them (the model's code changed since it was trained)."""
+    try:
+        return ImageClassifier.load_from_checkpoint(checkpoint, map_location=map_location, weights_only=True)
+    except RuntimeError as error:
+        if not str(error).startswith("Error(s) in loading state_dict"):
+            raise
+        first = str(error).splitlines()[1].strip().rstrip(".")
+        raise ConfigError(
+            f"The weights in {checkpoint} do not fit the model this code builds from its options ({first}): the "
+            "model's code changed since it was trained. Use the code it was trained with, or train anew."
+        ) from None
 
 
 def check_same_classes(trained: list[str] | None, given: list[str] | None) -> None:

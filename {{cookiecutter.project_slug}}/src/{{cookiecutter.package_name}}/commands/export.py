@@ -18,7 +18,7 @@ import torch
 from ..data import checkpoint_preprocessing
 from ..datasets.images import labelled_image
 from ..errors import PACKAGE, CommandParser, DataError, MissingError
-from ..model import ImageClassifier
+from ..model import ImageClassifier, load_trained
 from ..training.resume import check_checkpoint, refuse_sharded, saved_checkpoint
 from ..transforms import Preprocessing
 from .classify import image_files
@@ -96,7 +96,7 @@ def main(args: list[str]) -> int:
     check_checkpoint(str(options.checkpoint), "CHECKPOINT")  # a folder passes only if it holds shards
     refuse_sharded(options.checkpoint)
 
-    model = ImageClassifier.load_from_checkpoint(options.checkpoint, map_location="cpu", weights_only=True).eval()
+    model = load_trained(options.checkpoint, "cpu").eval()
     saved = saved_checkpoint(options.checkpoint)
     preprocessing = checkpoint_preprocessing(saved)
     sources = options.images or [Path(saved.get("datamodule_hyper_parameters", {}).get("data_dir", "data"))]

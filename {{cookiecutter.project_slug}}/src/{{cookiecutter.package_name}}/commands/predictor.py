@@ -13,7 +13,7 @@ from torch import nn
 from ..data import checkpoint_preprocessing
 from ..datasets.images import read_rgb
 from ..errors import ConfigError, DataError, MissingError
-from ..model import ImageClassifier
+from ..model import ImageClassifier, load_trained
 from ..training.resume import refuse_sharded, saved_checkpoint
 from ..transforms import Preprocessing
 
@@ -95,7 +95,7 @@ class Predictor:
             session = onnx_session(self.model, device)
             self._run = lambda images: torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
         else:
-            model = ImageClassifier.load_from_checkpoint(self.model, map_location=device, weights_only=True)
+            model = load_trained(self.model, device)
             served = ServedClassifier(model.eval(), self.preprocessing)
             self._run = lambda images: served(images.to(device)).float().cpu()
         return self
