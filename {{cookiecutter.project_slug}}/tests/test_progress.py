@@ -52,6 +52,9 @@ def test_lines_every_n_steps_and_per_epoch_with_the_epochs_numbers(monkeypatch, 
     assert printed["val/acc"] == pytest.approx((logits.argmax(1) == labels).float().mean().item(), abs=5e-4)
     assert printed["val/loss"] == pytest.approx(cross_entropy(logits, labels).item(), rel=1e-3)
     assert " train/loss_epoch " in lines[-1] and " train/loss " not in lines[-1], "one loss, not the same one twice"
+    # The learning rate the next step takes, logged or not: no LearningRateMonitor here.
+    (rate,) = {group["lr"] for group in trainer.optimizers[0].param_groups}
+    assert float(re.search(r"  lr (\S+)  ", lines[-1]).group(1)) == pytest.approx(rate, rel=1e-3), lines[-1]
 
 
 def test_a_first_line_after_ten_steps_then_one_every_thirty_seconds_at_most(monkeypatch, capsys, tiny_shapes):

@@ -73,11 +73,13 @@ class LogLines(ProgressBar):
             for name, value in sorted(logged.items())
             if not name.endswith("_step") and f"{name}_epoch" not in logged and not name.startswith("lr-")
         }
-        rates = {value for name, value in logged.items() if name.startswith("lr-")}
-        if len(rates) == 1:  # LearningRateMonitor's one line per parameter group, when they agree
-            metrics["lr"] = rates.pop()
+        # The optimizer's own: LearningRateMonitor's are as of the last step it logged, maybe none this epoch.
+        groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
+        rates = {group.get("name", str(index)): group["lr"] for index, group in enumerate(groups)}
+        if len(set(rates.values())) == 1:  # one number where the parameter groups agree
+            metrics["lr"] = next(iter(rates.values()))
         else:
-            metrics |= {name: value for name, value in sorted(logged.items()) if name.startswith("lr-")}
+            metrics |= {f"lr-{name}": value for name, value in rates.items()}
         elapsed = time.perf_counter() - self._epoch_start
         tail = f"{elapsed:.0f} s"
         if self._epoch_images:  # none where a resumed run starts at the epoch's closing validation
