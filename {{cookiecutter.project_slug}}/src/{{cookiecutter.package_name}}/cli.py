@@ -119,6 +119,27 @@ TOOLS = {
 {%- endif %}
 }
 
+# Trainer options of Lightning 1.x, in configs and scripts written for it, and what replaced them: their
+# spellings are close to nothing of 2.x's (gpus would be taken for plugins).
+LIGHTNING_1_OPTIONS = {
+    "gpus": "trainer.accelerator gpu and trainer.devices <count>",
+    "tpu_cores": "trainer.accelerator tpu and trainer.devices <count>",
+    "num_processes": "trainer.devices <count>",
+    "auto_select_gpus": "trainer.devices <count>, which takes free GPUs",
+    "resume_from_checkpoint": "--ckpt_path <file> (or auto, or last)",
+    "checkpoint_callback": "trainer.enable_checkpointing",
+    "weights_summary": "trainer.enable_model_summary",
+    "replace_sampler_ddp": "trainer.use_distributed_sampler",
+    "amp_backend": "trainer.precision",
+    "amp_level": "trainer.precision",
+    "terminate_on_nan": "the StopOnNonFiniteLoss callback, on in every preset",
+    "stochastic_weight_avg": "the StochasticWeightAveraging callback",
+{%- if cookiecutter.tuning == "yes" %}
+    "auto_lr_find": f"python -m {PACKAGE} tune lr",
+    "auto_scale_batch_size": f"python -m {PACKAGE} tune batch_size",
+{%- endif %}
+}
+
 # Some of Lightning's callbacks default an option to an Enum member (Timer's interval), which YAML
 # cannot write: --print_config and the runs' config.yaml write its value, which the option reads back.
 yaml.SafeDumper.add_multi_representer(enum.Enum, lambda dumper, member: dumper.represent_data(member.value))
@@ -152,7 +173,9 @@ class SuggestingParser(LightningArgumentParser):
                 message = f"{setting}: {message}"
         else:
             key = None
-        if key and (close := likely_meant(key, names)):
+        if key and key.startswith("trainer.") and (instead := LIGHTNING_1_OPTIONS.get(key.removeprefix("trainer."))):
+            message += f": Lightning 2 replaced it with {instead}"
+        elif key and (close := likely_meant(key, names)):
             message += f". Did you mean {close}?"
         if not self.exit_on_error or wants_traceback():
             super().error(message, *args, **kwargs)  # with the usage, or raised for jsonargparse to handle
