@@ -124,6 +124,15 @@ def test_a_trainer_option_of_lightning_1_is_told_what_replaced_it(monkeypatch, c
                             "(or auto, or last)"), message  # fmt: skip
 
 
+def test_a_class_path_for_the_data_or_model_says_where_code_of_ones_own_goes(monkeypatch, capsys, in_project_copy):
+    # It was offered the closest spellings (data.std, data.crop_ratio), as if class_path were a typo.
+    (in_project_copy / "mine.yaml").write_text("data:\n  class_path: mine.CSVDataModule\n")
+    message = refusal(monkeypatch, capsys, "fit", "--config=mine.yaml")
+    assert message.endswith("'data.class_path': the commands build ImageDataModule themselves, so data: takes its "
+                            "options alone, with no class_path or init_args. Code of your own goes in "
+                            "src/{{ cookiecutter.package_name }}/data.py (README: Where to edit)"), message  # fmt: skip
+
+
 def test_a_misspelt_option_in_a_config_file_is_named_once(monkeypatch, capsys, in_project_copy, tiny_shapes):
     (in_project_copy / "mine.yaml").write_text("model:\n  backbon: resnet18\n")
     message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml"))

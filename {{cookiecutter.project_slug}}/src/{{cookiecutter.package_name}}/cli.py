@@ -140,6 +140,9 @@ LIGHTNING_1_OPTIONS = {
 {%- endif %}
 }
 
+# The classes the commands build, by section, and their modules: a config names none of them.
+BUILT = {"model": ("ImageClassifier", "model.py"), "data": ("ImageDataModule", "data.py")}
+
 # Some of Lightning's callbacks default an option to an Enum member (Timer's interval), which YAML
 # cannot write: --print_config and the runs' config.yaml write its value, which the option reads back.
 yaml.SafeDumper.add_multi_representer(enum.Enum, lambda dumper, member: dumper.represent_data(member.value))
@@ -173,8 +176,15 @@ class SuggestingParser(LightningArgumentParser):
                 message = f"{setting}: {message}"
         else:
             key = None
-        if key and key.startswith("trainer.") and (instead := LIGHTNING_1_OPTIONS.get(key.removeprefix("trainer."))):
+        section, _, option = (key or "").partition(".")
+        if section == "trainer" and (instead := LIGHTNING_1_OPTIONS.get(option)):
             message += f": Lightning 2 replaced it with {instead}"
+        elif section in BUILT and option.split(".")[0] in ("class_path", "init_args"):
+            built, module = BUILT[section]
+            message += (
+                f": the commands build {built} themselves, so {section}: takes its options alone, with no class_path "
+                f"or init_args. Code of your own goes in src/{PACKAGE}/{module} (README: Where to edit)"
+            )
         elif key and (close := likely_meant(key, names)):
             message += f". Did you mean {close}?"
         if not self.exit_on_error or wants_traceback():
