@@ -560,10 +560,10 @@ def check_same_architecture(saved: dict, model: L.LightningModule) -> None:
     misfits = sorted(name for name in weights.keys() | ours.keys() if name not in weights or name not in ours
                      or getattr(weights[name], "shape", None) != getattr(ours[name], "shape", None))  # fmt: skip
     if misfits:
-        trained, ours = saved.get("hyper_parameters", {}).get("backbone", "another model"), model.hparams.backbone
-        model_now, fix = f"this model ({ours})", "the model options it was trained with (its run's config.yaml)"
-        if trained == ours:  # the same options: the code that builds the model changed
-            model_now, fix = f"the {ours} this code builds", "the model code it was trained with, or train anew"
+        trained, backbone = saved.get("hyper_parameters", {}).get("backbone", "another model"), model.hparams.backbone
+        model_now, fix = f"this model ({backbone})", "the model options it was trained with (its run's config.yaml)"
+        if trained == backbone:  # the same options: the code that builds the model changed
+            model_now, fix = f"the {backbone} this code builds", "the model code it was trained with, or train anew"
         raise ConfigError(
             f"The checkpoint's weights ({trained}) do not fit {model_now}: {len(misfits)} tensors differ, "
             f"{misfits[0]} first. Use {fix}."
