@@ -4,7 +4,9 @@ from an S3-compatible store. Exact and preempted resumes of streaming runs: test
 import csv
 import json
 import pickle
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -13,7 +15,8 @@ from pathlib import Path
 import litdata
 import pytest
 import torch
-from conftest import ON_CPU, on_data, refusal, shard
+from conftest import ON_CPU, command_env, on_data, refusal, run_command, shard
+from test_data import make_folder, with_broken_images
 from test_distributed import by_hand, free_port
 from test_exact_resume import FORMAT_OF, fit_command, logged_to, plain_images, record, seen_images
 
@@ -182,6 +185,41 @@ def test_shard_prints_its_own_lines_only(monkeypatch, capsys, tiny_shapes, tmp_p
     # Not LitData's status lines and its advert for its cloud ("Create an account on https://lightning.ai/").
     assert [line.split(":")[0] for line in printed[:-1]] == ["train", "val", "test"], printed
     assert printed[-1].startswith("Sharded 120 images of 6 classes")
+
+
+def test_a_chunk_size_is_read_with_or_without_its_unit(monkeypatch, capsys, tiny_shapes, tmp_path):
+    # LitData takes "64MB" but stopped on a byte count without its unit with a traceback of its workers.
+    run_command(monkeypatch, "shard", str(tiny_shapes), str(tmp_path / "shards"), "--workers=1", "--chunk_bytes=20000")
+    assert len(list((tmp_path / "shards" / "train").glob("chunk-*.bin"))) > 1
+    capsys.readouterr()
+    for size in ["64XB", "0", "MB"]:
+        message = refusal(monkeypatch, capsys, "shard", str(tiny_shapes), str(tmp_path / "o"), f"--chunk_bytes={size}")
+        assert f"a size is bytes as 64MB, 512kB or 300, got '{size}'" in message
+
+
+def test_an_unreadable_image_in_shards_is_named_once_whichever_data_worker_reads_it(monkeypatch, tmp_path):
+    # As in the folder format (test_data.py), and PIL's message named the address of the image's
+    # bytes in memory, so each read of the one image was a new warning.
+    with_broken_images(tmp_path / "images" / "train")
+    make_folder(tmp_path / "images" / "val", {"cat": 1, "dog": 1})
+    run_command(monkeypatch, "shard", str(tmp_path / "images"), str(tmp_path / "shards"), "--workers=1",
+                "--chunk_bytes=300")  # fmt: skip
+    epochs = f"""
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+if __name__ == "__main__":
+    data = ImageDataModule({str(tmp_path / "shards")!r}, format="streaming", num_workers=2, batch_size=4)
+    data.setup("fit")
+    loader = data.train_dataloader()  # each epoch shuffles which worker reads each chunk
+    for epoch in range(6):
+        list(loader)
+"""
+    (tmp_path / "epochs.py").write_text(epochs)
+    command = [sys.executable, str(tmp_path / "epochs.py")]
+    done = subprocess.run(command, capture_output=True, text=True, env=command_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    named = re.findall(r"Skipping the unreadable image .*/(\S+) \((.*)\)", done.stderr)
+    assert sorted(named) == [("garbage.jpg", "not an image format that torchvision or PIL reads"),
+                             ("truncated.png", "image file is truncated")], done.stderr[-3000:]  # fmt: skip
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs a second file system: /dev/shm")

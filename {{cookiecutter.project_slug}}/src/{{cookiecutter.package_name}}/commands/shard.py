@@ -6,9 +6,11 @@ or a remote URL LitData writes to (s3://bucket/prefix, with the usual AWS_* vari
 it with --data.format streaming --data.data_dir OUTPUT.
 """
 
+import argparse
 import inspect
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -25,7 +27,16 @@ def encoded_sample(sample: tuple[str, int, str]) -> dict:
     return {"image": Path(path).read_bytes(), "label": label, "path": relative}
 
 
-def shard(images: Path, output: str, val_fraction: float, split_seed: int, workers: int, chunk_bytes: str) -> dict:
+def byte_count(text: str) -> int:
+    """A size as 64MB, 512kB or 300 (bytes), in bytes; LitData's units are powers of 1000."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?)b?", text.strip().lower())
+    count = int(float(match[1]) * 1000 ** " kmg".index(match[2] or " ")) if match else 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"a size is bytes as 64MB, 512kB or 300, got {text!r}")
+    return count
+
+
+def shard(images: Path, output: str, val_fraction: float, split_seed: int, workers: int, chunk_bytes: int) -> dict:
     if not images.is_dir():
         raise MissingError(f"{images} is not a folder: give the image folder (class folders, or train/ and val/).")
     if not is_remote(output) and Path(output).resolve().is_relative_to(images.resolve()):
@@ -62,7 +73,7 @@ def main(args: list[str]) -> int:
                         help="without val/: the share of each class held out, as data.val_fraction")  # fmt: skip
     parser.add_argument("--split_seed", type=int, default=defaults["split_seed"].default, help="as data.split_seed")
     parser.add_argument("--workers", type=int, default=usable_cpus(), help="processes reading images")
-    parser.add_argument("--chunk_bytes", default="64MB", help="size of each chunk file")
+    parser.add_argument("--chunk_bytes", type=byte_count, default="64MB", help="size of each chunk file (%(default)s)")
     options = parser.parse_args(args)
     started = time.perf_counter()
     manifest = shard(options.images, options.output, options.val_fraction, options.split_seed,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch.utils.data import Dataset, default_collate
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
@@ -20,6 +20,20 @@ from .sampling import seeded_draws
 
 # What the decoders raise for a damaged or unsupported image file.
 DECODE_ERRORS = (RuntimeError, OSError, ValueError)
+
+
+class SaidOnce:
+    """Which of `count` images a warning has named, in shared memory: each data worker process warns
+    once per message, so an unreadable image read by another worker every epoch was named by each."""
+
+    def __init__(self, count: int) -> None:
+        self.flags = torch.zeros(count, dtype=torch.bool).share_memory_()
+
+    def first(self, index: int) -> bool:
+        """Whether no process has named image `index` yet; from now on, one has."""
+        said = bool(self.flags[index])
+        self.flags[index] = True
+        return not said
 
 
 class UnreadableImageError(DataError):
@@ -38,9 +52,7 @@ class ImageFiles(Dataset):
         self.image_transform = transform
         self.skip_unreadable = skip_unreadable
         self.named = named
-        # In shared memory: each data worker process warns once per message, so an unreadable image
-        # read by another worker every epoch was named once by each of them.
-        self._skips_said = torch.zeros(len(samples), dtype=torch.bool).share_memory_()
+        self._skips_said = SaidOnce(len(samples))
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -49,17 +61,11 @@ class ImageFiles(Dataset):
         """The sample at an index; at (index, seed), from EpochSampler, augmented with draws seeded by `seed`."""
         index, seed = (key, None) if isinstance(key, int) else key
         path, label = self.samples[index]
-        first_skip = functools.partial(self._first_skip, index)
+        first_skip = functools.partial(self._skips_said.first, index)
         with contextlib.nullcontext() if seed is None else seeded_draws(seed):
             return labelled_image(
                 path, path if self.named else label, path, self.image_transform, self.skip_unreadable, first_skip
             )
-
-    def _first_skip(self, index: int) -> bool:
-        """Whether no process has named the unreadable image at `index` yet; from now on, one has."""
-        said = bool(self._skips_said[index])
-        self._skips_said[index] = True
-        return not said
 
 
 def labelled_image(
@@ -115,7 +121,12 @@ def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
         encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
         with contextlib.suppress(RuntimeError):  # formats torchvision.io cannot decode (BMP, TIFF, PPM)
             return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    with Image.open(io.BytesIO(source) if in_memory else source) as image:
+    try:
+        opened = Image.open(io.BytesIO(source) if in_memory else source)
+    except UnidentifiedImageError:
+        # PIL's message names the file, or the address of the bytes' buffer, which differs each time.
+        raise UnidentifiedImageError("not an image format that torchvision or PIL reads") from None
+    with opened as image:
         image = ImageOps.exif_transpose(image)
         if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
             levels = np.asarray(image, dtype=np.float32) / 257

@@ -6,6 +6,7 @@ is read through a local cache of chunks, which LitData fills ahead of training a
 """
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -22,7 +23,7 @@ from torchvision.transforms import v2
 from ..errors import ConfigError, MissingError
 from ..hardware.network import is_remote
 from ..training.checkpoint_io import write_whole
-from .images import labelled_image
+from .images import SaidOnce, labelled_image
 from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
 
 try:  # the `streaming` extra
@@ -154,7 +155,7 @@ def private_optimizer_cache() -> Iterator[None]:
                     os.environ[name] = value
 
 
-def write_split(encode: Callable[[Any], dict], inputs: list, location: str, workers: int, chunk_bytes: str) -> None:
+def write_split(encode: Callable[[Any], dict], inputs: list, location: str, workers: int, chunk_bytes: int) -> None:
     """One split's samples, each encoded by `encode` in one of `workers` processes, as chunks."""
     # LitData prints a dozen status lines per split and an advert for its cloud (its workers too,
     # which fork with this redirection); its progress bar, on stderr, stays.
@@ -211,6 +212,7 @@ class ShardedImages(StreamingDataset):
         # Not `transform`: StreamingDataset applies an attribute of that name to the stored sample.
         self.location, self.image_transform, self.skip_unreadable = location, transform, skip_unreadable
         self.named = named  # each image with its name in place of its label, as ImageFiles's
+        self._skips_said = SaidOnce(sum(end - start for start, end in self.region_of_interest))
 
     def __getitem__(self, index) -> tuple[torch.Tensor, int] | None:
         item = super().__getitem__(index)
@@ -220,7 +222,8 @@ class ShardedImages(StreamingDataset):
         image = index.index if isinstance(index, ChunkedIndex) else index  # its place in the split
         with seeded_draws(draw_seed(self.seed, self.current_epoch, image)):
             label = name if self.named else item["label"]
-            return labelled_image(item["image"], label, name, self.image_transform, self.skip_unreadable)
+            first_skip = functools.partial(self._skips_said.first, image)
+            return labelled_image(item["image"], label, name, self.image_transform, self.skip_unreadable, first_skip)
 
 
 class StreamingLoader(StreamingDataLoader):
