@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ON_CPU, on_data, refusal
+from conftest import ON_CPU, on_data, refusal, run_cli
 from lightning.pytorch.strategies import ModelParallelStrategy
 from PIL import Image
 from torchvision.ops import StochasticDepth
@@ -240,6 +240,21 @@ def test_a_checkpoint_of_another_optimizer_layout_is_refused_in_one_line(monkeyp
     monkeypatch.setattr(model_module, "build_backbone", with_its_stem_frozen)
     message = refusal(monkeypatch, capsys, *resume)
     assert "The checkpoint's optimizer has parameter groups of [" in message and "model.py edited" in message
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused_in_one_line(monkeypatch, capsys, trained, tiny_shapes):
+    # configure_optimizers edited to SGD: torch loaded AdamW's settings into its groups, and its first
+    # step stopped with KeyError: 'momentum'.
+    (last,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    capsys.readouterr()  # the training's output
+    monkeypatch.setattr(torch.optim, "AdamW", lambda groups, lr, fused: torch.optim.SGD(groups, lr, momentum=0.9))
+    with pytest.raises(SystemExit) as stopped:  # as the optimizer is made: after the logger's header
+        run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=2", f"--ckpt_path={last}")
+    assert "Traceback" not in str(capsys.readouterr())
+    assert stopped.value.code == (
+        "error: The checkpoint's optimizer is AdamW and this model's SGD (configure_optimizers in model.py edited): "
+        "its state cannot carry over. Resume it with the code that saved it, or start a new run."
+    )
 
 
 def test_the_backbone_learning_rate_is_a_share_of_the_heads(in_project_copy, tiny_shapes):

@@ -137,8 +137,10 @@ class ImageClassifier(L.LightningModule):
         # From the training data's class counts when the fit starts (class_weights: balanced). Not a
         # buffer: ModelEMA copies the model before that, and pairs the copy's buffers with the model's.
         self.loss_weights: torch.Tensor | None = None
-        # The parameter groups of a checkpoint's optimizer, to refuse one this model's cannot load.
+        # The class and parameter groups of a checkpoint's optimizer, to refuse one this model's cannot load.
+        self._saved_optimizer_class: str | None = None
         self._saved_param_groups: list[dict] | None = None
+        self._optimizer_class: str | None = None  # configure_optimizers's, saved with each checkpoint
         self._resumed_random_state: dict | None = None  # a checkpoint's (training/random_state.py), for on_train_start
         self._resumed_train_metrics: dict | None = None  # the interrupted epoch's so far, for on_train_start
         self._train_epoch_unlogged = False  # resumed into an epoch's end: no step left to log its metrics
@@ -320,6 +322,8 @@ class ImageClassifier(L.LightningModule):
             # as it does for sharded parameters.
             fused = self.device.type == "cpu" and not shards_weights(self.trainer.strategy)
             optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr(report=not resumed), fused=fused or None)
+        self._optimizer_class = type(optimizer).__name__
+        check_same_optimizer_class(self._saved_optimizer_class, self._optimizer_class)
         total_steps = self.trainer.estimated_stepping_batches
         if not math.isfinite(total_steps):
             raise ConfigError(
@@ -446,6 +450,7 @@ class ImageClassifier(L.LightningModule):
         # The weights are in the checkpoint: rebuilding the model from it must not download them.
         checkpoint["hyper_parameters"]["pretrained"] = False
         checkpoint["random_state"] = random_state.capture()
+        checkpoint["optimizer_class"] = self._optimizer_class
         if epoch_goes_on_after(self.trainer):
             # For the resumed run's epoch metrics to be over the whole epoch, not only its part.
             checkpoint["train_metrics_so_far"] = states_so_far(self._train_epoch_metrics())
@@ -453,6 +458,7 @@ class ImageClassifier(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if states := checkpoint.get("optimizer_states"):
             self._saved_param_groups = states[0]["param_groups"]
+            self._saved_optimizer_class = checkpoint.get("optimizer_class")  # saved since the class was checked
         self.trained_until = {"epoch": checkpoint.get("epoch", 0), "step": checkpoint.get("global_step", 0)}
         self._resumed_random_state = checkpoint.get("random_state")
         self._resumed_train_metrics = checkpoint.get("train_metrics_so_far")
@@ -548,6 +554,16 @@ def check_same_optimizer_layout(saved_groups: list[dict] | None, groups: list[di
         "edited, layers frozen with requires_grad, or an earlier version of the project). Resume it with the code "
         "that saved it, or start a new run."
     )
+
+
+def check_same_optimizer_class(saved: str | None, ours: str) -> None:
+    """Refuse to resume the state of another kind of optimizer: torch would load its settings into
+    this one's groups, and stop at the first step with a KeyError for a setting it lacks."""
+    if saved not in (None, ours):
+        raise ConfigError(
+            f"The checkpoint's optimizer is {saved} and this model's {ours} (configure_optimizers in model.py "
+            "edited): its state cannot carry over. Resume it with the code that saved it, or start a new run."
+        )
 
 
 def check_same_architecture(saved: dict, model: L.LightningModule) -> None:
