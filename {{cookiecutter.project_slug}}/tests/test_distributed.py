@@ -125,7 +125,7 @@ def test_every_process_resumes_the_run_its_first_one_chose_passing_over_another_
                 "--trainer.devices=2", record(ranks), "--ckpt_path=auto")  # fmt: skip
         else:
             job = fake_slurm(in_project_copy, tasks=2, job_id="778")
-            result = sbatch(in_project_copy, job, *one_epoch, record(ranks))
+            result = sbatch(in_project_copy, job, *one_epoch, record(ranks), "--ckpt_path=auto")
             assert result.returncode == 0, result.stderr[-4000:]
     finally:
         holder.stdin.close()
@@ -430,21 +430,18 @@ def sbatch(project: Path, env: dict[str, str], *args: str) -> subprocess.Complet
     return run_group(command, TIMEOUT, cwd=project, env=env)
 
 
-@pytest.mark.parametrize(("given", "first"), [(["--ckpt_path", "last"], "last"), (["--ckpt_path=a.ckpt"], "a.ckpt"),
-                                              ([], "auto")])  # fmt: skip
-def test_a_slurm_jobs_first_start_keeps_the_ckpt_path_given_and_a_requeued_one_goes_on_from_its_run(
-    in_project_copy, given, first
-):
+@pytest.mark.parametrize("given", [["--ckpt_path", "last"], ["--ckpt_path=a.ckpt"], []])
+def test_a_slurm_job_passes_its_arguments_as_given_on_its_first_start_and_its_requeue(in_project_copy, given):
+    # It added --ckpt_path auto, which took another job's unfinished run; fit finds a requeued job's own.
     env = fake_slurm(in_project_copy, tasks=1, job_id="31")
     (in_project_copy / "fake-slurm" / "srun").write_text('#!/usr/bin/env bash\necho "$@"\n')  # the command only
-    for restarts, expected in (("0", first), ("1", "auto")):
+    for restarts in ("0", "1"):
         started = run_group(["bash", str(PROJECT_ROOT / "scripts" / "slurm.sbatch"), *given], TIMEOUT,
                             cwd=in_project_copy, env=env | {"SLURM_RESTART_COUNT": restarts})  # fmt: skip
         assert started.returncode == 0, started.stderr
         args = started.stdout.split()
-        values = [args[i + 1] if arg == "--ckpt_path" else arg.partition("=")[2]
-                  for i, arg in enumerate(args) if arg.partition("=")[0] == "--ckpt_path"]  # fmt: skip
-        assert values[-1] == expected, args  # the last one given is the one jsonargparse takes
+        ckpt_path = [arg for i, arg in enumerate(args) if arg.startswith("--ckpt_path") or args[i - 1] == "--ckpt_path"]
+        assert ckpt_path == given, args
 
 
 def test_slurm_job_runs_in_lightnings_slurm_environment(in_project_copy, tiny_shapes):
@@ -469,7 +466,7 @@ def test_slurm_time_limit_saves_requeues_and_resumes(in_project_copy, tiny_shape
     # Sent after CheckpointOnStop looked at step 3, the SIGTERM stops the run after the next step.
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 4
 
-    requeued = sbatch(in_project_copy, env, *two_epochs)  # SLURM runs the same script again
+    requeued = sbatch(in_project_copy, env | {"SLURM_RESTART_COUNT": "1"}, *two_epochs)  # the same script again
     assert requeued.returncode == 0, requeued.stderr[-4000:]
     assert list((in_project_copy / "runs" / "dist").glob("*/checkpoints/last.ckpt")) == [last]
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 2 * 18

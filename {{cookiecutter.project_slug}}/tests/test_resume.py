@@ -332,7 +332,7 @@ def test_a_requeued_job_whose_run_finished_trains_no_new_run(monkeypatch, caplog
     (run,) = run_folders(in_project_copy)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     run_command(monkeypatch, "fit", *one_epoch, "--ckpt_path=auto")
-    assert f"{run.name} finished in this job (4711) before its requeue: nothing left to train" in caplog.text
+    assert f"Requeued job 4711: runs/resume/{run.name} finished before the requeue: nothing left" in caplog.text
     assert run_folders(in_project_copy) == [run]
     # Another job's requeue, whose own run never started, starts it.
     monkeypatch.setenv("SLURM_JOB_ID", "4712")
@@ -369,6 +369,32 @@ def interrupted_run(monkeypatch, project: Path, tiny_shapes: Path) -> Path:
     (run,) = run_folders(project)
     assert saved_step(run / "checkpoints" / "last.ckpt") == 3
     return run
+
+
+def test_a_requeued_job_goes_on_with_its_own_run_whatever_its_first_start_was_given(
+    monkeypatch, caplog, in_project_copy, tiny_shapes
+):
+    # slurm.sbatch gave a requeued job --ckpt_path auto, the newest unfinished run: jobs requeued
+    # together swapped runs, or stopped at the other's options.
+    def job(number: str, lr: str, *args: str, restarts: str = "0") -> None:
+        monkeypatch.setenv("SLURM_JOB_ID", number)
+        monkeypatch.setenv("SLURM_RESTART_COUNT", restarts)
+        fit = ["fit", *ON_CPU, *on_data(tiny_shapes, 4), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
+               f"--model.lr={lr}", *args]  # fmt: skip
+        if restarts == "0":
+            run_command(monkeypatch, *fit, f"--trainer.callbacks+={SIGTERM_AT_STEP_2}", status=143)
+        else:
+            run_cli(monkeypatch, *fit)
+
+    job("100", "0.001")
+    job("300", "0.003")
+    first, second = sorted(in_project_copy.glob("runs/**/checkpoints/last.ckpt"), key=os.path.getmtime)
+    job("100", "0.001", restarts="1")  # as slurm.sbatch starts it again: the same arguments
+    assert saved_step(first) == STEPS_PER_EPOCH and saved_step(second) == 3
+    job("300", "0.003", "--ckpt_path=last", restarts="1")  # its first start's, now naming job 100's run
+    assert saved_step(second) == STEPS_PER_EPOCH
+    assert "Requeued job 300: going on with its own run, not its first start's --ckpt_path last" in caplog.text
+    assert len(list(in_project_copy.glob("runs/**/checkpoints/last.ckpt"))) == 2
 
 
 def test_a_resume_that_failed_before_it_saved_leaves_the_options_to_compare_as_they_were(

@@ -30,13 +30,13 @@ from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
 from .run_folders import (
     best_checkpoint,
     finished,
-    finished_by_job,
     hold_run,
     in_use,
     is_first_process,
     last_checkpoints,
     leave_choice,
     run_to_resume,
+    trained_by_job,
     trained_elsewhere,
 )
 
@@ -70,6 +70,9 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
     the run they evaluate. Whether a fit continues a run."""
     requested = config.get("ckpt_path")
     logger = first_logger(config.trainer)
+    own = requeued_run(config, logger, requested) if subcommand == "fit" else None
+    if own is not None:
+        requested = config.ckpt_path = "auto"
     if subcommand in EVALUATIONS and requested in (None, "best"):
         # Lightning's "best" is that of a fit in the same process, and no checkpoint means the untrained
         # weights: evaluating them would log chance accuracy as if it were the model's.
@@ -89,17 +92,12 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         root, runs = runs_of(config, logger)
         found, unfinished = runs, [last for last in runs if not finished(last)]
         if requested == "auto" and subcommand == "fit":
-            chosen = run_to_resume(root, unfinished)
+            chosen = own or run_to_resume(root, unfinished)
             found = [chosen] if chosen else []
         if not found:
             if requested == "last" or subcommand != "fit":  # an evaluation would take untrained weights
                 fix = "Train one." if subcommand != "fit" else "Use --ckpt_path auto to start one when there is none."
                 raise MissingError(f"--ckpt_path {requested}: there is no */checkpoints/last.ckpt under {root}. {fix}")
-            job = os.environ.get("SLURM_JOB_ID")
-            if os.environ.get("SLURM_RESTART_COUNT", "0") != "0" and job and (done := finished_by_job(runs, job)):
-                # Stopped as its run closed and requeued: a new run would train it all again.
-                finished_here = f"--ckpt_path auto: {done} finished in this job ({job}) before its requeue"
-                job_done(f"{finished_here}: nothing left to train")
             if unfinished:  # each one passed over: other processes train them
                 rank_zero_info(f"--ckpt_path auto: every unfinished run under {root} is being trained: a new run")
             else:
@@ -141,6 +139,25 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         return False  # it deletes the metrics.csv of a folder it reuses (csv_logging.py's logger appends)
     logger.init_args.version = run  # W&B's logger takes it for the id of the run to resume
     return subcommand == "fit"
+
+
+def requeued_run(config: Namespace, logger: Namespace | None, requested: str | None) -> Path | None:
+    """The last.ckpt of the run that this SLURM job trained before its requeue, which the requeued
+    job goes on with, whatever --ckpt_path its first start was given (another job's unfinished run is
+    that job's to go on with); None where it saved none yet, or where this is no requeued job."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+        return None
+    _, runs = runs_of(config, logger)
+    # Without a logger, the one checkpoint folder is the job's.
+    own = trained_by_job(runs, job) if logger is not None else (runs or [None])[-1]
+    if own is None:
+        return None
+    if finished(own):  # stopped as its run closed (W&B's last upload): a new run would train it all again
+        job_done(f"Requeued job {job}: {own.parent.parent} finished before the requeue: nothing left to train")
+    if requested not in (None, "auto"):
+        rank_zero_info(f"Requeued job {job}: going on with its own run, not its first start's --ckpt_path {requested}")
+    return own
 
 
 def job_done(said: str) -> NoReturn:

@@ -24,6 +24,7 @@ from .checkpoint_io import complete_replace, write_whole
 
 FINISHED = "finished.json"
 IN_USE = ".in_use"  # locked by the process writing into the run; names it
+SLURM_JOB = ".slurm_job"  # the SLURM job whose fit last trained the run, which it goes on with when requeued
 
 if os.name == "nt":
     import msvcrt
@@ -147,6 +148,8 @@ def hold_run(run: Path, command: str) -> None:
     os.write(fd, holder.encode())
     os.fsync(fd)  # for the other machines of a cluster, which read it through the file system
     _held[run] = fd
+    if command == "fit" and "SLURM_JOB_ID" in os.environ:
+        write_whole(run / SLURM_JOB, os.environ["SLURM_JOB_ID"])
 
 
 def in_use(run: Path, holder: str, command: str) -> ConfigError:
@@ -266,17 +269,15 @@ def let_go_held() -> None:
 
 
 def mark_finished(checkpoints: Path, epoch: int, step: int) -> None:
-    # With the SLURM job that finished it, whose requeue (a SIGTERM as the run closed) has nothing to do.
-    job = {"slurm_job": os.environ["SLURM_JOB_ID"]} if "SLURM_JOB_ID" in os.environ else {}
-    write_whole(checkpoints / FINISHED, json.dumps({"epoch": epoch, "step": step} | job) + "\n")
+    write_whole(checkpoints / FINISHED, json.dumps({"epoch": epoch, "step": step}) + "\n")
 
 
-def finished_by_job(lasts: list[Path], job: str) -> Path | None:
-    """The run, among those of `lasts`, that SLURM job `job` finished."""
+def trained_by_job(lasts: list[Path], job: str) -> Path | None:
+    """The newest of `lasts` whose run SLURM job `job` trained last."""
     for last in reversed(lasts):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            if json.loads((last.parent / FINISHED).read_text()).get("slurm_job") == job:
-                return last.parent.parent
+        with contextlib.suppress(OSError):
+            if (last.parent.parent / SLURM_JOB).read_text().strip() == job:
+                return last
     return None
 
 
