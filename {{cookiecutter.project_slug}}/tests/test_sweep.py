@@ -2,8 +2,10 @@
 configs/tuned.yaml; search spaces checked before any trial. (Processes sharing a study:
 test_parallel_experiments.py.)"""
 
+import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -95,6 +97,17 @@ def test_a_diverging_trial_counts_as_pruned_and_the_sweep_writes_nothing(
     assert trial.state == TrialState.PRUNED
     assert "Trial 0 diverged" in capsys.readouterr().out
     assert not Path("configs/tuned.yaml").exists()
+
+
+def test_a_sweep_stopped_by_sigterm_says_to_run_the_same_sweep_again(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    # It named the fit that checking the search space had resolved last: `fit ... --print_config --ckpt_path auto`.
+    Path("space.yaml").write_text("model.lr: [0.001]\n")
+    stop = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 1}})
+    command = ["sweep", "space.yaml", "--trials=1", *sweep_options(tiny_shapes, "--trainer.max_epochs=1"),
+               f"--trainer.callbacks+={stop}"]  # fmt: skip
+    run_command(monkeypatch, *command, status=128 + signal.SIGTERM)
+    told = capsys.readouterr().err.strip().splitlines()[-1]
+    assert told == f"Resume this run with: {shlex.join(['python', '-m', '{{ cookiecutter.package_name }}', *command])}"
 
 
 # A sweep process killed while it holds the journal's lock, as on a lost node: its first write

@@ -700,7 +700,7 @@ def resolved_config(cli_args: list[str]) -> dict:
     prints it, without building anything."""
     silence_dependency_noise()
     printed, refused = io.StringIO(), io.StringIO()
-    command = ["fit", *cli_args, "--print_config"]
+    command, given = ["fit", *cli_args, "--print_config"], GIVEN[:]
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(refused):
             run_command(command, command)
@@ -708,6 +708,7 @@ def resolved_config(cli_args: list[str]) -> dict:
         if done.code:
             raise ConfigError(refused.getvalue().strip().removeprefix("error: ") or str(done.code)) from None
     finally:
+        GIVEN[:] = given  # the command run, which a stop's resume line repeats (sweep's, not this fit's)
         # A library imported meanwhile (DeepSpeed, when a preset names it) logs to the stream it found
         # then, for good: its later lines would go into these buffers.
         for logger in [logging.root, *logging.root.manager.loggerDict.values()]:
