@@ -22,16 +22,20 @@ if [[ "$NPROC_PER_NODE" == gpu ]] && ! "${PYTHON:-python}" -c "import sys, torch
     "the accelerator: NPROC_PER_NODE=2 scripts/torchrun.sh --trainer.accelerator cpu --trainer.precision 32-true" >&2
   exit 2
 fi
-RDZV_ENDPOINT="${RDZV_ENDPOINT:-127.0.0.1:29400}"
-RDZV_ID="${RDZV_ID:-{{ cookiecutter.project_slug }}}"  # the same on every machine of one job
-JOIN_TIMEOUT="${JOIN_TIMEOUT:-600}"  # seconds to wait for every machine before giving up
+if [[ "$NNODES" == 1 && -z "${RDZV_ENDPOINT:-}" ]]; then
+  # A free port and a run id of its own: two runs on one machine (each on some of its GPUs) never meet.
+  rendezvous=(--standalone)
+else
+  RDZV_ID="${RDZV_ID:-{{ cookiecutter.project_slug }}}"  # the same on every machine of one job
+  JOIN_TIMEOUT="${JOIN_TIMEOUT:-600}"  # seconds to wait for every machine before giving up
+  rendezvous=(--rdzv-backend=c10d --rdzv-endpoint="$RDZV_ENDPOINT" --rdzv-id="$RDZV_ID"
+    --rdzv-conf="join_timeout=$JOIN_TIMEOUT")
+fi
 # Lightning checks these against torchrun's counts; "auto" takes every visible GPU.
 DEVICES="$NPROC_PER_NODE"
 [[ "$DEVICES" =~ ^[0-9]+$ ]] || DEVICES=auto
 
 exec "${PYTHON:-python}" -m torch.distributed.run \
-  --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
-  --rdzv-backend=c10d --rdzv-endpoint="$RDZV_ENDPOINT" --rdzv-id="$RDZV_ID" \
-  --rdzv-conf="join_timeout=$JOIN_TIMEOUT" \
+  --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" "${rendezvous[@]}" \
   -m {{ cookiecutter.package_name }} fit --config configs/trainer/multinode.yaml "$@" \
   --trainer.num_nodes="$NNODES" --trainer.devices="$DEVICES"

@@ -383,6 +383,24 @@ def test_two_nodes_through_torchrun(in_project_copy, tiny_shapes, groups):
     assert {p["environment"] for p in processes} == {"TorchElasticEnvironment"}
 
 
+def test_two_runs_through_torchrun_on_one_machine_stay_apart(in_project_copy, tiny_shapes, groups):
+    # Both took the rendezvous 127.0.0.1:29400 under the project's name: the second joined the first's,
+    # trained nothing while it ran, and ended in a traceback.
+    shutil.copytree(PROJECT_ROOT / "scripts", in_project_copy / "scripts")
+    env = command_env(NPROC_PER_NODE="1", PYTHON=sys.executable)
+    runs = []
+    for run in "12":
+        args = [*ON_CPU, *CSV_LOGGER, f"--trainer.logger.name=dist{run}", *SHORT, *data(tiny_shapes),
+                record(in_project_copy / f"ranks{run}")]  # fmt: skip
+        launch = ["bash", "scripts/torchrun.sh", *args]
+        runs.append(groups(launch, cwd=in_project_copy, env=env, stderr=subprocess.PIPE, text=True))
+    for run in runs:
+        assert run.wait(timeout=TIMEOUT) == 0, run.stderr.read()[-4000:]
+    for run in "12":
+        (process,) = seen(in_project_copy / f"ranks{run}")
+        assert (process["world_size"], process["global_rank"]) == (1, 0)
+
+
 def test_torchrun_without_a_gpu_says_how_to_run_on_cpus(in_project_copy):
     # torchrun's default of one process per GPU failed with its traceback, "ValueError: Cuda is not available."
     shutil.copytree(PROJECT_ROOT / "scripts", in_project_copy / "scripts")
