@@ -493,6 +493,23 @@ def test_an_evaluation_logs_into_the_run_of_its_checkpoint_at_its_step(monkeypat
     assert validated["val/acc"] == same_weights["val/acc"]
 
 
+def test_a_sigterm_in_an_evaluation_leaves_the_runs_last_checkpoint_as_it_was(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    # The stop's save wrote the evaluated model (the best epoch's) as the run's last.ckpt, at its step:
+    # the run would have resumed from there, its later epochs lost.
+    short = ["--trainer.limit_val_batches=2", "--trainer.limit_train_batches=3"]
+    run_cli(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), *short, "--trainer.max_epochs=2")
+    (last,) = in_project_copy.glob("runs/**/checkpoints/last.ckpt")
+    before = last.read_bytes()
+    stop = json.dumps({"class_path": "helper_callbacks.SigtermInValidation", "init_args": {"epoch": 0}})
+    capsys.readouterr()
+    run_command(monkeypatch, "validate", *ON_CPU, *on_data(tiny_shapes), *short, f"--trainer.callbacks+={stop}",
+                status=128 + signal.SIGTERM)  # fmt: skip
+    assert last.read_bytes() == before
+    assert "Resume this run" not in capsys.readouterr().err
+
+
 def test_an_evaluation_is_on_the_data_and_split_its_checkpoint_was_trained_on(
     monkeypatch, caplog, in_project_copy, tiny_shapes, tmp_path
 ):

@@ -120,6 +120,10 @@ class CheckpointOnStop(L.Callback):
         checkpoint = trainer.checkpoint_callback
         if not isinstance(exception, SIGTERMException) or checkpoint is None or not checkpoint.dirpath:
             return
+        if trainer.state.fn != TrainerFn.FITTING:
+            # An evaluation has nothing to save, and its model is the checkpoint it evaluates (the best,
+            # often): written as last.ckpt, the run would resume from that epoch.
+            return
         path = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
         self._saving_in_validation = trainer.validating
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part, as sharded strategies need
