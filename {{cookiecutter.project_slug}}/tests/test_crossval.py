@@ -1,6 +1,7 @@
 """`repeat`: runs that differ only in the seed, summed up as mean ± std. (`cv` over processes:
 test_parallel_experiments.py; the folds it trains on: test_folds.py.)"""
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -9,8 +10,11 @@ import pytest
 import torch
 import yaml
 from conftest import ON_CPU, disk_full_past, on_data, refusal, run_command
+from helper_callbacks import SigtermAt
 
 from {{ cookiecutter.package_name }}.commands import crossval
+from {{ cookiecutter.package_name }}.commands.crossval import METRICS
+from {{ cookiecutter.package_name }}.commands.experiment_runs import fit_in_folder
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
@@ -43,7 +47,20 @@ def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in
     assert capsys.readouterr().out.count("kept from an earlier call") == 2
     # With other options, the runs kept are not the same experiment.
     message = refusal(monkeypatch, capsys, "repeat", "--seeds=0,1", *options, "--model.lr=0.01")
-    assert "cv/seeds2 holds runs trained with other options" in message and "--name" in message
+    assert "cv/seeds2 holds runs started with other options" in message and "--name" in message
+    # Stopped as its best checkpoint was checked (metrics.json not written yet): checked again, not retrained.
+    (last,) = (folder / "seed1").glob("*/*/checkpoints/last.ckpt")
+    trained, earlier = last.read_bytes(), (folder / "seed1" / METRICS).read_text()
+    (folder / "seed1" / METRICS).unlink()
+    run_command(monkeypatch, "repeat", "--seeds=0,1", *options)
+    assert f"Validating the best checkpoint of {last}" in capsys.readouterr().out
+    assert list((folder / "seed1").glob("*/*/checkpoints/last.ckpt")) == [last] and last.read_bytes() == trained
+    assert json.loads((folder / "seed1" / METRICS).read_text()) == pytest.approx(json.loads(earlier))
+
+
+def stopped_at_step(monkeypatch, step: int) -> None:
+    """A SIGTERM at `step` of the runs the command trains, as a preemption: not one of their options."""
+    monkeypatch.setattr(crossval, "fit_in_folder", functools.partial(fit_in_folder, callbacks=[SigtermAt(step)]))
 
 
 def test_a_run_a_sigterm_stopped_goes_on_from_its_checkpoint_when_the_command_runs_again(
@@ -51,8 +68,9 @@ def test_a_run_a_sigterm_stopped_goes_on_from_its_checkpoint_when_the_command_ru
 ):
     options = [*ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
                "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]  # fmt: skip
-    stop = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 1}})
-    run_command(monkeypatch, "repeat", "--seeds=0", *options, f"--trainer.callbacks+={stop}", status=143)
+    stopped_at_step(monkeypatch, 1)
+    run_command(monkeypatch, "repeat", "--seeds=0", *options, status=143)
+    monkeypatch.setattr(crossval, "fit_in_folder", fit_in_folder)
     (last,) = Path("cv/seeds1/seed0").glob("*/*/checkpoints/last.ckpt")
     assert torch.load(last, weights_only=True)["global_step"] == 2
     capsys.readouterr()
@@ -63,14 +81,39 @@ def test_a_run_a_sigterm_stopped_goes_on_from_its_checkpoint_when_the_command_ru
     assert (last.parent / "finished.json").is_file() and Path("cv/seeds1/seed0/metrics.json").is_file()
 
 
+def test_a_stopped_run_goes_on_only_with_the_options_it_was_started_with(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    # Checked only once a run had finished: the run stopped went on at the new learning rate, the
+    # next at it from the start, and the summary took them for one experiment.
+    options = [*ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
+               "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    stopped_at_step(monkeypatch, 1)
+    run_command(monkeypatch, "cv", "--folds=2", *options, status=143)
+    (last,) = Path("cv/folds2/fold0").glob("*/*/checkpoints/last.ckpt")
+    saved = last.read_bytes()
+    capsys.readouterr()
+    message = refusal(monkeypatch, capsys, "cv", "--folds=2", *options, "--model.lr=0.01")
+    assert message.startswith("error: cv/folds2 holds runs started with other options (") and "--name" in message
+    # The same name for another split of the images: fold0 of 3 is not fold0 of 2.
+    message = refusal(monkeypatch, capsys, "cv", "--folds=3", "--name=folds2", *options)
+    assert message == (
+        "error: cv/folds2/fold0 was started with --data.num_folds=2 --data.fold=0, and this call gives it "
+        "--data.num_folds=3 --data.fold=0: pass --name for a new set"
+    )
+    assert last.read_bytes() == saved
+
+
 def test_a_call_that_trained_nothing_holds_its_folder_for_no_one(tmp_path):
-    folder = tmp_path / "seeds3"
-    crossval.check_same_options(folder, ["--data.augment", "trivial"])  # refused by fit: nothing trained
-    crossval.check_same_options(folder, ["--data.augment", "trivialaugment"])
+    folder, runs = tmp_path / "seeds3", {"seed0": ["--seed_everything=0"]}
+    crossval.check_same_options(folder, ["--data.augment", "trivial"], runs)  # refused by fit: nothing trained
+    crossval.check_same_options(folder, ["--data.augment", "trivialaugment"], runs)
     (folder / "seed0").mkdir()
     (folder / "seed0" / "metrics.json").write_text("{}")
-    with pytest.raises(ConfigError, match="holds runs trained with other options .--data.augment trivialaugment"):
-        crossval.check_same_options(folder, ["--data.augment", "none"])
+    with pytest.raises(ConfigError, match="holds runs started with other options .--data.augment trivialaugment"):
+        crossval.check_same_options(folder, ["--data.augment", "none"], runs)
+    # More seeds with the same options: the runs kept are the same experiment's.
+    crossval.check_same_options(folder, ["--data.augment", "trivialaugment"], runs | {"seed1": ["--seed_everything=1"]})
 
 
 def test_a_run_whose_metrics_a_full_disk_cut_short_is_trained_again(monkeypatch, capsys, tmp_path):

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 
 from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training.checkpoint_io import write_whole
+from ..training.run_folders import last_checkpoints
 from .experiment_runs import fit_in_folder, gpus_for_copies, run_per_gpu, without_option, worker_part
 
 CV = Path("cv")
@@ -51,16 +52,28 @@ def planned_runs(folds: int | None, seeds: list[int] | None) -> dict[str, list[s
     }
 
 
-def check_same_options(folder: Path, cli_args: list[str]) -> None:
-    """Runs kept from an earlier call count only when they were trained with the same options; a call
-    that trained none (refused, or stopped in its first run) holds the folder for no one."""
+def check_same_options(folder: Path, cli_args: list[str], runs: dict[str, list[str]]) -> None:
+    """Runs kept from an earlier call count, and stopped ones go on, only with the options they were
+    started with: the same fit options, and each run's own (its fold and seed: another --folds splits
+    the images otherwise). A call that started no run (refused, or stopped before its first checkpoint)
+    holds the folder for no one."""
     kept = folder / "options.json"
-    trained = any(folder.glob(f"*/{METRICS}"))
-    if trained and kept.is_file() and json.loads(kept.read_text()) != cli_args:
-        earlier = " ".join(json.loads(kept.read_text())) or "no options"
-        raise ConfigError(f"{folder} holds runs trained with other options ({earlier}): pass --name for a new set")
+    earlier = json.loads(kept.read_text()) if kept.is_file() else {}
+    if isinstance(earlier, list):  # written before each run's own options were kept
+        earlier = {"options": earlier, "runs": {}}
+    started = [name for name in runs if (folder / name / METRICS).is_file() or last_checkpoints(folder / name)]
+    if earlier and started:
+        if earlier["options"] != cli_args:
+            said = " ".join(earlier["options"]) or "no options"
+            raise ConfigError(f"{folder} holds runs started with other options ({said}): pass --name for a new set")
+        if changed := [name for name in started if earlier["runs"].get(name, runs[name]) != runs[name]]:
+            name = changed[0]
+            raise ConfigError(
+                f"{folder / name} was started with {' '.join(earlier['runs'][name])}, and this call gives it "
+                f"{' '.join(runs[name])}: pass --name for a new set"
+            )
     folder.mkdir(parents=True, exist_ok=True)
-    write_whole(kept, json.dumps(cli_args))
+    write_whole(kept, json.dumps({"options": cli_args, "runs": earlier.get("runs", {}) | runs}))
 
 
 def train_runs(runs: dict[str, list[str]], cli_args: list[str], folder: Path) -> None:
@@ -139,7 +152,7 @@ def run(
     folder = CV / name
     copies_on = gpus_for_copies() if gpus else []
     if worker_part()[1] == 1:
-        check_same_options(folder, cli_args)
+        check_same_options(folder, cli_args, runs)
     if copies_on:
         status = run_per_gpu(command, without_option(args, "--gpus-per-trial"), copies_on)
         if status:

@@ -13,7 +13,7 @@ import yaml
 
 from ..cli import build, finish_wandb_run, resolved_config
 from ..errors import PACKAGE, ConfigError
-from ..training.run_folders import finished, last_checkpoints
+from ..training.run_folders import best_checkpoint, finished, last_checkpoints
 
 # In the copies that --gpus-per-trial starts: each is one of them, and starts none.
 WORKER_VARIABLE = "{{ cookiecutter.package_name | upper }}_EXPERIMENT_WORKER"
@@ -46,23 +46,26 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
     stop interrupted goes on from its last.ckpt, in its own run folder. The validation metrics of the
     best checkpoint."""
     one_device = ["--trainer.devices=1", "--trainer.num_nodes=1", f"--trainer.logger.init_args.save_dir={folder}"]
-    unfinished = [last for last in last_checkpoints(folder) if not finished(last)]
-    resumed = unfinished[-1] if unfinished else None
-    if resumed is not None:
-        print(f"Resuming from {resumed}", flush=True)
-        one_device.append(f"--trainer.logger.init_args.version={resumed.parent.parent.name}")
+    lasts = last_checkpoints(folder)
+    resumed = next((last for last in reversed(lasts) if not finished(last)), None)
+    # Finished, and stopped as its best checkpoint was checked: only that check is left to do.
+    trained = lasts[-1] if lasts and resumed is None else None
+    if resumed or trained:
+        print(f"{'Resuming from' if resumed else 'Validating the best checkpoint of'} {resumed or trained}", flush=True)
+        one_device.append(f"--trainer.logger.init_args.version={(resumed or trained).parent.parent.name}")
     cli = build([*cli_args, *one_device], keep_config=True)
     trainer, added = cli.trainer, callbacks or []
     trainer.callbacks.extend(added)
     try:
-        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resumed)
-        trainer.callbacks = [callback for callback in trainer.callbacks if callback not in added]  # fit's alone
-        best = next(callback for callback in trainer.checkpoint_callbacks if callback.monitor)
-        if not best.best_model_path:
+        if trained is None:
+            trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resumed)
+            trainer.callbacks = [callback for callback in trainer.callbacks if callback not in added]  # fit's alone
+            best = next(callback for callback in trainer.checkpoint_callbacks if callback.monitor).best_model_path
+        else:
+            best = str(best_checkpoint(folder, "a new --name"))
+        if not best or Path(best).name == "last.ckpt":
             raise ConfigError(f"The run in {folder} validated no epoch, so it has no best checkpoint to compare.")
-        (metrics,) = trainer.validate(
-            cli.model, datamodule=cli.datamodule, ckpt_path=best.best_model_path, verbose=False
-        )
+        (metrics,) = trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
         return {name: float(value) for name, value in metrics.items()}
     finally:
         finish_wandb_run()  # this run's own W&B run: the next one starts another
