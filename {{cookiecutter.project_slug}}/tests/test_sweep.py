@@ -79,7 +79,7 @@ def test_a_trial_behind_the_median_is_pruned_after_its_first_epoch(monkeypatch, 
                                                 intermediate_values={0: 1.0, 1: 1.0, 2: 1.0}))  # fmt: skip
     Path("space.yaml").write_text("model.lr: [0.003]\n")
     run_command(monkeypatch, "sweep", "space.yaml", "--study=pruned", "--trials=2", "--prune-after-trials=1",
-                "--prune-after-epochs=0", *sweep_options(tiny_shapes, "--trainer.max_epochs=3"))  # fmt: skip
+                "--prune-after-epochs=1", *sweep_options(tiny_shapes, "--trainer.max_epochs=3"))  # fmt: skip
     pruned = study("pruned").trials[1]
     assert pruned.state == TrialState.PRUNED
     # It reported its first epoch's val/acc and went no further, where max_epochs allowed three.
@@ -155,6 +155,7 @@ def test_the_lock_of_a_sweep_killed_while_writing_is_broken_by_the_next_sweep(mo
         ("data.batch_size: {low: 8.5, high: 64}\n", "--data.batch_size"),
         ("- model.lr\n", "must map fit options"),
         ("model.lr: [0.1\n", "is not valid YAML"),
+        ("data.batch_size: {low: 16, high: 64, step: 0}\n", "data.batch_size: step must be above 0, got 0"),
     ],
 )
 def test_a_bad_search_space_is_refused_in_one_line_naming_the_key(monkeypatch, capsys, in_project_copy, space, named):
@@ -164,10 +165,19 @@ def test_a_bad_search_space_is_refused_in_one_line_naming_the_key(monkeypatch, c
     assert not Path("sweeps").exists()  # refused before any trial
 
 
-@pytest.mark.parametrize("option", ["--prune-after-epochs=-1", "--prune-after-trials=-2", "--stale-after=-5"])
+@pytest.mark.parametrize("option", ["--prune-after-epochs=0", "--prune-after-trials=-2", "--stale-after=-5"])
 def test_wrong_pruning_and_staleness_numbers_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, option):
     message = refusal(monkeypatch, capsys, "sweep", "configs/sweep.yaml", option, *ON_CPU)
-    assert "must be 0 or more, and --stale-after above 0" in message, message
+    assert "must be 0 or more, --prune-after-epochs 1 or more, and --stale-after above 0" in message, message
+    assert not Path("sweeps").exists()
+
+
+def test_a_storage_that_is_no_sql_url_is_refused_in_one_line(monkeypatch, capsys, in_project_copy):
+    message = refusal(monkeypatch, capsys, "sweep", "configs/sweep.yaml", "--storage=foo", *ON_CPU)
+    assert message.startswith("error: --storage foo: ") and "Give an SQL URL (sqlite:///" in message, message
+    # A misspelt sweep option went on to fit's parser, which offered the closest of its own: "trainer".
+    message = refusal(monkeypatch, capsys, "sweep", "configs/sweep.yaml", "--trails", "3", *ON_CPU)
+    assert message.startswith("error: unrecognized argument --trails: did you mean --trials?"), message
     assert not Path("sweeps").exists()
 
 

@@ -38,6 +38,17 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (python -m {self.prog} --help lists the arguments)")
 
+    def parse_known_args(self, args=None, namespace=None):
+        """This command's options, and the rest for `fit` (sweep, cv, repeat); a misspelling of one of
+        this command's own is refused here, where fit's parser would offer the closest of its own."""
+        known, rest = super().parse_known_args(args, namespace)
+        own = [name for action in self._actions for name in action.option_strings if name.startswith("--")]
+        for arg in rest:
+            name = arg.partition("=")[0]
+            if name.startswith("--") and "." not in name and (meant := difflib.get_close_matches(name, own, 1, 0.8)):
+                self.error(f"unrecognized argument {name}: did you mean {meant[0]}?")
+        return known, rest
+
 
 def closest(name: str, known: list[str], count: int = 5) -> list[str]:
     """The `count` names in `known` most like `name`, most alike first, for a "did you mean"."""

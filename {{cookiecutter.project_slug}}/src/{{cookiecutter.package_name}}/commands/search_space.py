@@ -53,10 +53,12 @@ def distribution(where: str, values) -> BaseDistribution:
     if not isinstance(values, dict) or not {"low", "high"} <= values.keys() or values.keys() - RANGE_KEYS:
         raise ConfigError(f"{where}: {values!r} is no search range; write {FORMS}")
     low, high = number(where, values["low"]), number(where, values["high"])
-    log, step = values.get("log", False), values.get("step") and number(where, values["step"])
+    log, step = values.get("log", False), None if values.get("step") is None else number(where, values["step"])
     numbers = [value for value in (low, high, step) if value is not None]
     if not low < high:
         raise ConfigError(f"{where}: low ({low}) must be below high ({high})")
+    if step is not None and step <= 0:
+        raise ConfigError(f"{where}: step must be above 0, got {step} (leave it out for no grid)")
     if log and (low <= 0 or step is not None):
         raise ConfigError(f"{where}: a log range needs low above 0 and no step")
     if all(isinstance(value, int) for value in numbers):

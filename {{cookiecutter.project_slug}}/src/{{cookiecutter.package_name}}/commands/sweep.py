@@ -20,7 +20,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from ..errors import PACKAGE, CommandParser, ConfigError, UserError
+from ..errors import PACKAGE, CommandParser, ConfigError, UserError, one_line
 from ..training.callbacks import NonFiniteLossError
 from ..training.sigterm import process_alive
 from .experiment_runs import (
@@ -231,6 +231,7 @@ def summarise(study, folder: Path, monitor: str) -> int:
 
 
 def journal_storage(folder: Path) -> JournalStorage:
+    folder.mkdir(parents=True, exist_ok=True)
     path = str(folder / "journal.log")
     # Not Optuna's default lock, a symbolic link to this relative path: it dangles, and a lock left by
     # a process killed while writing could never be found stale, so the next sweep would wait forever.
@@ -248,6 +249,13 @@ def open_study(name: str, storage: str | None, folder: Path, direction: str, pru
         )
     except ImportError as error:
         raise ConfigError(f"--storage {storage}: {error}") from None
+    except Exception as error:  # SQLAlchemy's, for a URL it cannot parse or a database it cannot reach
+        if not isinstance(storage, str):
+            raise
+        raise ConfigError(
+            f"--storage {storage}: {one_line(error)}. Give an SQL URL (sqlite:///sweeps/study.db, "
+            "postgresql://user@host/db), or leave it out for a journal file in the study's folder."
+        ) from None
     if study.direction.name.lower() != direction:
         raise ConfigError(
             f"Study {name} {study.direction.name.lower()}s its metric, and the checkpoints now {direction} it: "
@@ -304,22 +312,23 @@ def main(args: list[str]) -> int:
     options, cli_args = parser.parse_known_args(args)
     if options.trials < 1:
         raise ConfigError(f"--trials must be 1 or more, got {options.trials}")
-    if min(options.prune_after_trials, options.prune_after_epochs) < 0 or options.stale_after <= 0:
+    if options.prune_after_trials < 0 or options.prune_after_epochs < 1 or options.stale_after <= 0:
         raise ConfigError(
-            f"--prune-after-trials and --prune-after-epochs must be 0 or more, and --stale-after above 0; got "
-            f"{options.prune_after_trials}, {options.prune_after_epochs} and {options.stale_after:g}"
+            f"--prune-after-trials must be 0 or more, --prune-after-epochs 1 or more, and --stale-after above 0; "
+            f"got {options.prune_after_trials}, {options.prune_after_epochs} and {options.stale_after:g}"
         )
     name = options.study or options.space.stem
     folder = SWEEPS / name
     distributions = read_search_space(options.space, cli_args)  # checked once, before any trial or copy starts
     monitor, mode = monitored_metric(cli_args)
     gpus = gpus_for_copies() if options.gpus_per_trial else []
-    folder.mkdir(parents=True, exist_ok=True)
     pruner = optuna.pruners.NopPruner()
     if options.pruner == "median":
-        pruner = optuna.pruners.MedianPruner(options.prune_after_trials, options.prune_after_epochs)
+        # The epochs' reports count from 0: the Nth epoch's is step N - 1, the first Optuna may prune at.
+        pruner = optuna.pruners.MedianPruner(options.prune_after_trials, options.prune_after_epochs - 1)
     study = open_study(name, options.storage, folder, {"max": "maximize", "min": "minimize"}[mode], pruner)
     check_same_study(study, distributions, cli_args)
+    folder.mkdir(parents=True, exist_ok=True)  # where the trials go; a journal storage made it already
     if gpus:
         status = run_per_gpu("sweep", without_option(args, "--gpus-per-trial"), gpus)
         if status:
