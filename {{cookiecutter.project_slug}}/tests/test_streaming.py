@@ -217,9 +217,12 @@ if __name__ == "__main__":
     command = [sys.executable, str(tmp_path / "epochs.py")]
     done = subprocess.run(command, capture_output=True, text=True, env=command_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    named = re.findall(r"Skipping the unreadable image .*/(\S+) \((.*)\)", done.stderr)
-    assert sorted(named) == [("garbage.jpg", "not an image format that torchvision or PIL reads"),
-                             ("truncated.png", "image file is truncated")], done.stderr[-3000:]  # fmt: skip
+    # Named as the image folder holds it (no file of that path is in the shards' folder).
+    named = re.findall(r"Skipping the unreadable image (\S+) in \S+, sharded from (\S+) \((.*)\)", done.stderr)
+    images = str((tmp_path / "images").resolve())
+    assert sorted(named) == [("train/cat/truncated.png", images, "image file is truncated"),
+                             ("train/dog/garbage.jpg", images, "not an image format that torchvision or PIL reads")
+                             ], done.stderr[-3000:]  # fmt: skip
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs a second file system: /dev/shm")

@@ -537,7 +537,7 @@ class StreamingDataModule(ImageDataModule):
         options = self.hparams
         skip = options.bad_images == "skip"
         return ShardedImages(options.data_dir, name, transform, skip, shuffle, run_seed(), options.cache_dir,
-                             options.max_cache_size, named=named)  # fmt: skip
+                             options.max_cache_size, named=named, sharded_from=self.manifest.get("source"))  # fmt: skip
 
     def _named_split(self, name: str) -> Dataset:
         return self._split(name, self.preprocessing.eval_transform(), shuffle=False, named=True)

@@ -202,6 +202,7 @@ class ShardedImages(StreamingDataset):
         cache_dir: str | None = None,
         max_cache_size: str = "50GB",
         named: bool = False,
+        sharded_from: str | None = None,
     ) -> None:
         source = join(location, split)
         if is_remote(location):
@@ -212,18 +213,21 @@ class ShardedImages(StreamingDataset):
         # Not `transform`: StreamingDataset applies an attribute of that name to the stored sample.
         self.location, self.image_transform, self.skip_unreadable = location, transform, skip_unreadable
         self.named = named  # each image with its name in place of its label, as ImageFiles's
+        self.sharded_from = sharded_from  # the image folder, where an unreadable image is to be mended
         self._skips_said = SaidOnce(sum(end - start for start, end in self.region_of_interest))
 
     def __getitem__(self, index) -> tuple[torch.Tensor, int] | None:
         item = super().__getitem__(index)
-        name = join(self.location, item["path"])
+        # Named for the messages as it was found: no file of that path is in the shards' folder.
+        origin = f", sharded from {self.sharded_from}" if self.sharded_from else ""
+        said = f"{item['path']} in {self.location}{origin}"
         # Augmented with draws seeded by the run, the epoch and the image, which a resumed run repeats
         # (LitData keeps the epoch in its state) whatever the workers drew before.
         image = index.index if isinstance(index, ChunkedIndex) else index  # its place in the split
         with seeded_draws(draw_seed(self.seed, self.current_epoch, image)):
-            label = name if self.named else item["label"]
+            label = join(self.location, item["path"]) if self.named else item["label"]
             first_skip = functools.partial(self._skips_said.first, image)
-            return labelled_image(item["image"], label, name, self.image_transform, self.skip_unreadable, first_skip)
+            return labelled_image(item["image"], label, said, self.image_transform, self.skip_unreadable, first_skip)
 
 
 class StreamingLoader(StreamingDataLoader):
