@@ -112,6 +112,7 @@ def test_a_call_that_trained_nothing_holds_its_folder_for_no_one(tmp_path):
     (folder / "seed0" / "metrics.json").write_text("{}")
     with pytest.raises(ConfigError, match="holds runs started with other options .--data.augment trivialaugment"):
         crossval.check_same_options(folder, ["--data.augment", "none"], runs)
+    crossval.check_same_options(folder, ["--data.augment=trivialaugment"], runs)  # spelled otherwise, the same
     # More seeds with the same options: the runs kept are the same experiment's.
     crossval.check_same_options(folder, ["--data.augment", "trivialaugment"], runs | {"seed1": ["--seed_everything=1"]})
 

@@ -201,6 +201,7 @@ def test_a_study_goes_on_only_with_the_search_space_and_options_it_was_started_w
     space = {"model.lr": CategoricalDistribution([0.001, 0.01])}
     sweep.check_same_study(started, space, ["--trainer.max_epochs=1"])
     sweep.check_same_study(started, space, ["--trainer.max_epochs=1"])  # the same again: it goes on
+    sweep.check_same_study(started, space, ["--trainer.max_epochs", "1"])  # spelled otherwise, the same
     with pytest.raises(sweep.ConfigError, match="another search space: give the same, or start another with --study"):
         sweep.check_same_study(started, {"model.lr": CategoricalDistribution([0.1])}, ["--trainer.max_epochs=1"])
     with pytest.raises(sweep.ConfigError, match=r"with other fit options \(--trainer.max_epochs=1\): give"):

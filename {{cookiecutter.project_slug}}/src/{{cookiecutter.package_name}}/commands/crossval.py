@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training.checkpoint_io import write_whole
 from ..training.run_folders import last_checkpoints
-from .experiment_runs import fit_in_folder, gpus_for_copies, run_per_gpu, without_option, worker_part
+from .experiment_runs import fit_in_folder, gpus_for_copies, run_per_gpu, spelled_alike, without_option, worker_part
 
 CV = Path("cv")
 # Written whole once a run has trained: its presence is what marks the run done.
@@ -63,7 +63,7 @@ def check_same_options(folder: Path, cli_args: list[str], runs: dict[str, list[s
         earlier = {"options": earlier, "runs": {}}
     started = [name for name in runs if (folder / name / METRICS).is_file() or last_checkpoints(folder / name)]
     if earlier and started:
-        if earlier["options"] != cli_args:
+        if spelled_alike(earlier["options"]) != spelled_alike(cli_args):
             said = " ".join(earlier["options"]) or "no options"
             raise ConfigError(f"{folder} holds runs started with other options ({said}): pass --name for a new set")
         if changed := [name for name in started if earlier["runs"].get(name, runs[name]) != runs[name]]:

@@ -27,6 +27,18 @@ def option(key: str, value) -> str:
     return f"--{key}={text}"
 
 
+def spelled_alike(args: list[str]) -> list[str]:
+    """Fit options as `--name=value`, whichever way they were given (`--name value` too): a command
+    line compared with the one that started a study or a set of runs."""
+    spelled: list[str] = []
+    for arg in args:
+        if spelled and spelled[-1].startswith("--") and "=" not in spelled[-1] and not arg.startswith("--"):
+            spelled[-1] += f"={arg}"
+        else:
+            spelled.append(arg)
+    return spelled
+
+
 def monitored_metric(cli_args: list[str]) -> tuple[str, str]:
     """The metric and mode ("max" or "min") of the configured ModelCheckpoint that keeps the best
     checkpoint: what a sweep optimises and its pruner watches, and what `cv` reads the best epoch by."""

@@ -29,6 +29,7 @@ from .experiment_runs import (
     monitored_metric,
     option,
     run_per_gpu,
+    spelled_alike,
     without_option,
     worker_part,
 )
@@ -267,8 +268,11 @@ def open_study(name: str, storage: str | None, folder: Path, direction: str, pru
 def check_same_study(study, distributions: dict, cli_args: list[str]) -> None:
     """Refuse to go on with a study started with another search space or other fit options: its
     trials would not compare, and the best one's options would mix with another's in tuned.yaml."""
-    asked = {"space": {name: distribution_to_json(d) for name, d in distributions.items()}, "options": cli_args}
+    space = {name: distribution_to_json(d) for name, d in distributions.items()}
+    asked = {"space": space, "options": spelled_alike(cli_args)}
     held = {key: study.user_attrs[key] for key in asked if key in study.user_attrs}
+    if "options" in held:
+        held["options"] = spelled_alike(held["options"])
     if not held:  # a new study (copies on other GPUs write the same), or one from before it was recorded
         for key, value in asked.items():
             study.set_user_attr(key, value)
