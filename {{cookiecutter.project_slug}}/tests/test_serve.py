@@ -85,6 +85,9 @@ def test_an_image_sent_any_of_the_three_ways_arrives_as_its_bytes():
     assert read_image(png, "application/octet-stream", declared=False) == png
     assert read_image(*multipart(png)) == png
     assert read_image(*as_json(png)) == png
+    # A data URL, as a browser's FileReader or canvas gives it, was refused as "not valid base64".
+    data_url = json.dumps({"image": "data:image/png;base64," + base64.b64encode(png).decode()}).encode()
+    assert read_image(data_url, "application/json") == png
 
 
 @pytest.mark.parametrize(
@@ -101,6 +104,7 @@ def test_an_image_sent_any_of_the_three_ways_arrives_as_its_bytes():
         (*multipart(b""), Limits(), 400, "empty"),
         (b'{"picture": "AAAA"}', "application/json", Limits(), 400, 'no "image" string'),
         (b'{"image": "not base64!"}', "application/json", Limits(), 400, "not valid base64"),
+        (b'{"image": "data:image/png,%89PNG"}', "application/json", Limits(), 400, "data URL is not base64"),
         (b"{image", "application/json", Limits(), 400, "not JSON"),
     ],
 )

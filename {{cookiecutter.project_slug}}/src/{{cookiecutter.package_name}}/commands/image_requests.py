@@ -3,7 +3,8 @@
 A request carries one image, as any of:
 - its bytes as the body, with Content-Type image/<any> or application/octet-stream;
 - a multipart/form-data upload whose file field is named `image`;
-- JSON, {"image": "<the bytes in base64>"}.
+- JSON, {"image": "<the bytes in base64>"}, or a data URL as a browser makes it
+  ({"image": "data:image/png;base64,<...>"}).
 Only bytes are read: nothing a client sends names a file, and nothing is unpickled.
 """
 
@@ -96,6 +97,10 @@ def base64_image(body: bytes) -> bytes:
     encoded = payload.get("image") if isinstance(payload, dict) else None
     if not isinstance(encoded, str):
         raise BadImageRequest(400, 'The JSON has no "image" string: send {"image": "<base64>"}.')
+    if encoded.startswith("data:"):  # FileReader.readAsDataURL's, canvas.toDataURL's
+        header, _, encoded = encoded.partition(",")
+        if not header.endswith(";base64"):
+            raise BadImageRequest(400, 'The "image" data URL is not base64 (data:image/png;base64,...).')
     try:
         return base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
