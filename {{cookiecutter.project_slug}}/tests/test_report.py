@@ -30,3 +30,18 @@ def test_a_metrics_file_that_is_not_numbers_is_refused_with_its_line(monkeypatch
     assert "metrics.csv, line 3," in message and "0.5x" in message
     (run / "metrics.csv").write_text("epoch,val/acc\n0,0.5\n")
     assert "line 2," in refusal(monkeypatch, capsys, "report", str(run))
+
+
+def test_a_folder_holding_one_run_reports_it_and_one_holding_more_names_them(monkeypatch, capsys, tmp_path):
+    # A folder of several runs' (one per fold or trial) holds each run a level or two down: it was refused.
+    run = tmp_path / "set" / "part0" / "project" / "abc123"
+    run.mkdir(parents=True)
+    (run / "metrics.csv").write_text("epoch,step,val/acc\n0,9,0.5\n1,19,0.6\n")
+    run_command(monkeypatch, "report", str(tmp_path / "set" / "part0"))
+    assert (run / "reports" / "curves.png").is_file()
+    other = tmp_path / "set" / "part1" / "project" / "def456"
+    other.mkdir(parents=True)
+    (other / "metrics.csv").write_text("epoch,step,val/acc\n0,9,0.5\n")
+    message = refusal(monkeypatch, capsys, "report", str(tmp_path / "set"))
+    assert message.startswith(f"error: {tmp_path / 'set'} holds 2 runs: give one of them, such as "), message
+    assert "is not a folder" in refusal(monkeypatch, capsys, "report", str(tmp_path / "none"))

@@ -39,8 +39,8 @@ class CommandParser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (python -m {self.prog} --help lists the arguments)")
 
     def parse_known_args(self, args=None, namespace=None):
-        """This command's options, and the rest for `fit` (sweep, cv, repeat); a misspelling of one of
-        this command's own is refused here, where fit's parser would offer the closest of its own."""
+        """This command's options, and the rest, for `fit` (of the commands that train runs); a misspelling
+        of one of this command's own is refused here, where fit's parser would offer the closest of its own."""
         known, rest = super().parse_known_args(args, namespace)
         own = [name for action in self._actions for name in action.option_strings if name.startswith("--")]
         for arg in rest:

@@ -82,12 +82,25 @@ def plot_curves(series: dict[str, list[tuple[int, float]]], output: Path) -> lis
     return [name for names in drawn_panels.values() for name in names]
 
 
+def the_run_in(folder: Path) -> Path:
+    """`folder`, or the one run folder under it (<folder>/<project>/<run>, as a logger lays it out)."""
+    if not folder.is_dir():
+        raise MissingError(f"{folder} is not a folder: give a run folder (runs/<project>/<run>).")
+    logs = {path.parent for pattern in ("metrics.csv", "events.out.tfevents.*") for path in folder.rglob(pattern)}
+    if folder in logs or not logs:
+        return folder
+    if len(logs) > 1:
+        runs = sorted(logs, key=lambda run: run.stat().st_mtime)
+        raise MissingError(f"{folder} holds {len(runs)} runs: give one of them, such as {runs[-1]} (the newest).")
+    return logs.pop()
+
+
 def main(args: list[str]) -> int:
     parser = CommandParser(prog=f"{PACKAGE} report", description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, nargs="?", help="a run folder (default: the newest training run)")
+    parser.add_argument("run", type=Path, nargs="?", help="a run folder, or one holding one run (default: the newest)")
     parser.add_argument("--runs", type=Path, help="where the runs are (default: where fit puts them)")
     options = parser.parse_args(args)
-    run = options.run or newest_run(options.runs or configured_runs())
+    run = the_run_in(options.run) if options.run else newest_run(options.runs or configured_runs())
     output = run / "reports" / "curves.png"
     drawn = plot_curves(read_series(run), output)
     print(f"Wrote {output}: {', '.join(drawn)}")
