@@ -18,6 +18,9 @@ from {{ cookiecutter.package_name }}.commands.experiment_runs import fit_in_fold
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
+# Long enough for a stop at step 1 to leave steps to go on with.
+STOPPABLE = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1",
+             "--trainer.enable_progress_bar=false"]  # fmt: skip
 
 
 def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in_project_copy, tiny_shapes):
@@ -66,8 +69,7 @@ def stopped_at_step(monkeypatch, step: int) -> None:
 def test_a_run_a_sigterm_stopped_goes_on_from_its_checkpoint_when_the_command_runs_again(
     monkeypatch, capsys, in_project_copy, tiny_shapes
 ):
-    options = [*ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
-               "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    options = [*ON_CPU, *on_data(tiny_shapes), *STOPPABLE]
     stopped_at_step(monkeypatch, 1)
     run_command(monkeypatch, "repeat", "--seeds=0", *options, status=143)
     monkeypatch.setattr(crossval, "fit_in_folder", fit_in_folder)
@@ -86,8 +88,7 @@ def test_a_stopped_run_goes_on_only_with_the_options_it_was_started_with(
 ):
     # Checked only once a run had finished: the run stopped went on at the new learning rate, the
     # next at it from the start, and the summary took them for one experiment.
-    options = [*ON_CPU, *on_data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
-               "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]  # fmt: skip
+    options = [*ON_CPU, *on_data(tiny_shapes), *STOPPABLE]
     stopped_at_step(monkeypatch, 1)
     run_command(monkeypatch, "cv", "--folds=2", *options, status=143)
     (last,) = Path("cv/folds2/fold0").glob("*/*/checkpoints/last.ckpt")

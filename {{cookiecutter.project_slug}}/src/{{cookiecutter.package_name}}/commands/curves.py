@@ -90,8 +90,7 @@ def the_run_in(folder: Path) -> Path:
     if folder in logs or not logs:
         return folder
     if len(logs) > 1:
-        runs = sorted(logs, key=lambda run: run.stat().st_mtime)
-        raise MissingError(f"{folder} holds {len(runs)} runs: give one of them, such as {runs[-1]} (the newest).")
+        raise MissingError(f"{folder} holds {len(logs)} runs: give one of them, such as {min(logs)}.")
     return logs.pop()
 
 

@@ -62,9 +62,9 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
     resumed = next((last for last in reversed(lasts) if not finished(last)), None)
     # Finished, and stopped as its best checkpoint was checked: only that check is left to do.
     trained = lasts[-1] if lasts and resumed is None else None
-    if resumed or trained:
-        print(f"{'Resuming from' if resumed else 'Validating the best checkpoint of'} {resumed or trained}", flush=True)
-        one_device.append(f"--trainer.logger.init_args.version={(resumed or trained).parent.parent.name}")
+    if kept := resumed or trained:
+        print(f"{'Resuming from' if resumed else 'Validating the best checkpoint of'} {kept}", flush=True)
+        one_device.append(f"--trainer.logger.init_args.version={kept.parent.parent.name}")
     cli = build([*cli_args, *one_device], keep_config=True)
     trainer, added = cli.trainer, callbacks or []
     trainer.callbacks.extend(added)
