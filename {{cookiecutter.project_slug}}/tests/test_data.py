@@ -428,6 +428,20 @@ def test_unreadable_images_are_skipped_with_a_warning_naming_them(tmp_path):
     assert len(labels) == len(data.train_set) - len(skipped)
 
 
+def test_an_image_too_large_for_pil_is_skipped_as_unreadable(monkeypatch, tmp_path):
+    # PIL's guard against decompression bombs raises an error of its own: it stopped fit with a traceback.
+    make_folder(tmp_path, {"cat": 4, "dog": 4})
+    Image.new("RGB", (60, 50)).save(tmp_path / "cat" / "!large.bmp")  # PIL's, not torchvision's, to decode
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    data = ImageDataModule(tmp_path, num_workers=0, batch_size=16, val_fraction=0.1)
+    data.setup("fit")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(data.train_dataloader()) + list(data.val_dataloader())
+    (skipped,) = [str(w.message) for w in caught if "unreadable image" in str(w.message)]
+    assert "!large.bmp (more than 2,000 pixels, the most PIL opens" in skipped, skipped
+
+
 def test_an_unreadable_image_is_named_once_whichever_data_worker_reads_it(tmp_path):
     # Each persistent worker process warned once per message: the image was named once by each worker
     # that met it, epoch after epoch (up to num_workers times: auto gives up to a CPU's count).

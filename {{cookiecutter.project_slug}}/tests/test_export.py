@@ -12,6 +12,7 @@ from conftest import refusal
 
 from {{ cookiecutter.package_name }}.cli import main
 from {{ cookiecutter.package_name }}.commands.export import ServedClassifier, sample_images
+from {{ cookiecutter.package_name }}.datasets.images import read_rgb
 from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.transforms import Preprocessing
@@ -50,6 +51,26 @@ def test_the_export_matches_pytorch_on_real_images(monkeypatch, capsys, trained,
     else:
         probabilities = torch.export.load(exported).module()(images)
     assert probabilities.shape == (3, 6) and torch.allclose(probabilities, expected, atol=1e-4)
+
+
+def test_one_image_exports_a_model_that_takes_any_batch_size(monkeypatch, capsys, trained, tiny_shapes):
+    # Traced on one image, torch.export fixed the batch at 1 and refused; and a bound let no batch above 1024 in.
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    image = min((tiny_shapes / "test").glob("*/*.png"))
+    output = trained / "one-image.pt2"
+    printed = export(monkeypatch, capsys, str(checkpoint), "--format=pt2", f"--images={image}", f"--output={output}")
+    assert "Largest difference from PyTorch on 1 real image: " in printed
+    images = sample_images([image], Preprocessing({{ cookiecutter.image_size }}), count=1).expand(1025, -1, -1, -1)
+    with torch.no_grad():
+        assert torch.export.load(output).module()(images).shape == (1025, len(CLASSES))
+
+
+def test_the_check_images_come_from_every_class_of_a_folder_not_the_first(tiny_shapes):
+    preprocessing = Preprocessing({{ cookiecutter.image_size }})
+    firsts = [min((tiny_shapes / "test" / name).glob("*.png")) for name in CLASSES]
+    transform = preprocessing.eval_transform()
+    expected = torch.stack([transform(read_rgb(str(path))) for path in firsts])
+    assert torch.equal(sample_images([tiny_shapes / "test"], preprocessing, count=len(CLASSES)), expected)
 
 
 @pytest.mark.parametrize(

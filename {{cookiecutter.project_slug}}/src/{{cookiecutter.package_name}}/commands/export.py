@@ -31,11 +31,13 @@ ONNX_SINGLE_FILE_BYTES = 1_800_000_000
 
 
 def sample_images(sources: list[Path], preprocessing: Preprocessing, count: int = 8) -> torch.Tensor:
-    """Up to `count` real images, resized and cropped as for evaluation, as one uint8 batch; unreadable
-    files are skipped with a warning, as in training."""
+    """Up to `count` real images spread over the sources (a data folder's classes, not its first class's
+    first images), resized and cropped as for evaluation, as one uint8 batch; unreadable files are
+    skipped with a warning, as in training."""
     transform = preprocessing.eval_transform()
     images = []
-    for path in image_files(sources):  # at least one: it refuses a folder without images
+    files = image_files(sources)  # at least one: it refuses a folder without images
+    for path in dict.fromkeys([*files[:: max(1, len(files) // count)], *files]):
         sample = labelled_image(str(path), 0, str(path), transform, skip_unreadable=True)
         if sample is not None:
             images.append(sample[0])
@@ -62,13 +64,15 @@ def onnx_metadata(model: ImageClassifier, preprocessing: Preprocessing) -> dict[
 
 def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Path, metadata: dict) -> torch.Tensor:
     """Write the exported model to `output` and return its probabilities for `images`."""
-    batch = torch.export.Dim("batch", min=1, max=1024)
+    batch = torch.export.Dim("batch", min=1)
+    # Traced on one image, the batch would be fixed at 1 (torch.export specialises sizes 0 and 1).
+    example = images if len(images) > 1 else images.repeat(2, 1, 1, 1)
     if form == "pt2":
-        program = torch.export.export(served, (images,), dynamic_shapes={"images": {0: batch}})
+        program = torch.export.export(served, (example,), dynamic_shapes={"images": {0: batch}})
         torch.export.save(program, output)
         return torch.export.load(output).module()(images)
     program = torch.onnx.export(
-        served, (images,), dynamo=True, input_names=["images"], output_names=["probabilities"],
+        served, (example,), dynamo=True, input_names=["images"], output_names=["probabilities"],
         dynamic_shapes={"images": {0: batch}},
     )  # fmt: skip
     program.model.metadata_props.update(metadata)
@@ -117,7 +121,7 @@ def main(args: list[str]) -> int:
         print("Not run: onnxruntime is not installed (pip install onnxruntime), so no comparison was made.")
         return 0
     difference = (exported - expected).abs().max().item()
-    print(f"Largest difference from PyTorch on {len(images)} real images: {difference:.2e}")
+    print(f"Largest difference from PyTorch on {len(images)} real image{'s' * (len(images) > 1)}: {difference:.2e}")
     if difference > TOLERANCE:
         print(f"That exceeds {TOLERANCE:g}: do not serve this export.")
         return 1

@@ -126,6 +126,9 @@ def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
     except UnidentifiedImageError:
         # PIL's message names the file, or the address of the bytes' buffer, which differs each time.
         raise UnidentifiedImageError("not an image format that torchvision or PIL reads") from None
+    except Image.DecompressionBombError as error:  # an Exception of its own, not an OSError
+        limit = 2 * Image.MAX_IMAGE_PIXELS  # where PIL's warning becomes this error
+        raise ValueError(f"more than {limit:,} pixels, the most PIL opens (against decompression bombs)") from error
     with opened as image:
         image = ImageOps.exif_transpose(image)
         if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
