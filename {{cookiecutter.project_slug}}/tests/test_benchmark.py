@@ -40,6 +40,17 @@ def test_a_bad_worker_list_is_refused_before_any_work(monkeypatch, capsys, in_pr
     assert not (in_project_copy / "data").exists()
 
 
+@pytest.mark.parametrize(
+    ("what", "option"), [("data", "--batches=0"), ("train", "--steps=0"), ("train", "--warmup=-1")]
+)
+def test_a_count_that_would_time_nothing_is_refused(monkeypatch, capsys, in_project_copy, what, option):
+    # --batches 0 timed no batch and wrote its "0 images/s" into tuned.yaml over a real measurement.
+    name, value = option.split("=")
+    message = refusal(monkeypatch, capsys, "benchmark", what, *ON_CPU, option)
+    assert f"error: {name} must be {int(value) + 1} or more, got {value} (python -m" in message, message
+    assert not (in_project_copy / "configs" / "tuned.yaml").exists()
+
+
 def test_train_benchmark_reports_images_per_second(monkeypatch, capsys, in_project_copy, tiny_shapes):
     run_command(monkeypatch, "benchmark", "train", "--steps=2", "--warmup=1", *ON_CPU, *on_data(tiny_shapes),
             "--data.num_workers=0")  # fmt: skip

@@ -154,3 +154,9 @@ def test_a_count_out_of_range_is_refused_in_one_line(monkeypatch, capsys, in_pro
     name, value = option.split("=")
     message = refusal(monkeypatch, capsys, "tune", "lr", *ON_CPU, option)
     assert f"{name} must be " in message and f"or more, got {value}" in message, message
+
+
+def test_a_rate_of_0_has_no_range_to_search(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    # Searched from 0/100 to 0x100, it ended in Lightning's ZeroDivisionError.
+    message = refusal(monkeypatch, capsys, "tune", "lr", *ON_CPU, *tiny(tiny_shapes), "--model.lr=0")
+    assert message == "error: model.lr is 0: the range test searches around the current rate; give one above 0."

@@ -38,6 +38,12 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (python -m {self.prog} --help lists the arguments)")
 
+    def check_at_least(self, options: argparse.Namespace, least: dict[str, int]) -> None:
+        """Refuse a count below its least, such as --steps 0, which would time or search nothing."""
+        for name, minimum in least.items():
+            if (value := getattr(options, name.lstrip("-").replace("-", "_"))) < minimum:
+                self.error(f"{name} must be {minimum} or more, got {value}")
+
     def parse_known_args(self, args=None, namespace=None):
         """This command's options, and the rest, for `fit` (of the commands that train runs); a misspelling
         of one of this command's own is refused here, where fit's parser would offer the closest of its own."""

@@ -187,6 +187,7 @@ def main(args: list[str]) -> int:
         "--precision", type=precision_list, help="train: precisions to compare, as 32-true,bf16-mixed, or all"
     )
     options, cli_args = parser.parse_known_args(args)
+    parser.check_at_least(options, {"--batches": 1, "--steps": 1, "--warmup": 0})
     if options.what == "data":
         benchmark_data(cli_args, options.batches, options.workers)
     elif options.precision:

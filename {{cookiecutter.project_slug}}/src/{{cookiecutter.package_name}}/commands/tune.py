@@ -19,7 +19,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.tuner import Tuner
 
 from ..cli import build
-from ..errors import PACKAGE, CommandParser
+from ..errors import PACKAGE, CommandParser, ConfigError
 from .tuned_config import TUNED_CONFIG, update_tuned_config
 
 LR_CURVE = Path("runs/tune/lr_find.png")
@@ -64,6 +64,8 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
     model, trainer = cli.model, cli.trainer
     model.trainer = trainer  # scaled_lr reads the devices and the gradient accumulation from it
     current = model.scaled_lr()  # the rate training would use at this effective batch
+    if current == 0:
+        raise ConfigError("model.lr is 0: the range test searches around the current rate; give one above 0.")
     search = {"min_lr": current / RANGE, "max_lr": current * RANGE, "num_training": steps}
     finder = Tuner(trainer).lr_find(model, datamodule=cli.datamodule, update_attr=False, **search)
     rates, losses = finder.results["lr"], finder.results["loss"]
@@ -77,6 +79,8 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
         return 1
     if found is None:
         epoch = len(cli.datamodule.train_set) // (cli.datamodule.batch_size * trainer.world_size)
+        limit = trainer.limit_train_batches  # a count of batches, or a fraction of them
+        epoch = min(epoch, limit) if isinstance(limit, int) else int(epoch * limit)
         ended = "" if len(rates) == steps else f" (trainer.max_epochs ended it after {len(rates)} of {steps})"
         print(
             f"The loss never fell by {FALL:.0%} in the range test{ended} (curve: {LR_CURVE}): the model had not "
@@ -185,10 +189,7 @@ def main(args: list[str]) -> int:
     parser.add_argument("--write", action="store_true", help="lr: write the suggestion without those checks")
     parser.add_argument("--max-trials", type=int, default=8, help="batch_size: doublings to try at most (%(default)s)")
     options, cli_args = parser.parse_known_args(args)
-    for name, value, least in (("--steps", options.steps, MIN_RANGE_STEPS), ("--epochs", options.epochs, 1),
-                               ("--max-trials", options.max_trials, 1)):  # fmt: skip
-        if value < least:
-            parser.error(f"{name} must be {least} or more, got {value}")
+    parser.check_at_least(options, {"--steps": MIN_RANGE_STEPS, "--epochs": 1, "--max-trials": 1})
     # Nothing to keep from a tuning run: no logger, checkpoints or callbacks.
     cli_args += ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]"]
     cli = build(cli_args)
