@@ -60,7 +60,7 @@ class FailOnRank(L.Callback):
 class RecordProcess(L.Callback):
     """Write what one process of a run saw to `<folder>/rank<N>.json`: its place in the job, where it
     trained (device, strategy, precision, the step it started from), the training samples its
-    sampler gave it, its first training batch and the validation metrics."""
+    sampler gave it, its first training batch and its learning rates, and the validation metrics."""
 
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
@@ -84,6 +84,8 @@ class RecordProcess(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         if batch_idx == 0 and "first_batch" not in self.seen:
             self.seen["first_batch"] = batch[0].flatten(1).sum(1).tolist()
+            groups = trainer.optimizers[0].param_groups
+            self.seen["first_lrs"] = {group.get("name", str(index)): group["lr"] for index, group in enumerate(groups)}
 
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
         if trainer.sanity_checking:

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -275,12 +276,20 @@ def test_last_trains_a_finished_run_further_in_its_own_folder(monkeypatch, caplo
     first = saved_step(run / "checkpoints" / "last.ckpt")
     trained_config = (run / "config.yaml").read_text()
     assert (run / "checkpoints" / "finished.json").is_file()
+    recorded = in_project_copy / "recorded"
+    callback = {"class_path": "helper_callbacks.RecordProcess", "init_args": {"folder": str(recorded)}}
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.limit_val_batches=1",
-            "--trainer.max_epochs=2", "--ckpt_path=last")  # fmt: skip
+            "--trainer.max_epochs=2", "--ckpt_path=last", f"--trainer.callbacks+={json.dumps(callback)}")  # fmt: skip
     assert run_folders(in_project_copy) == [run], "the resumed run must carry on in its own folder"
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * first
     # Its learning-rate schedule is stretched to the new limit, and the resume says so.
     assert f"at this step of its schedule, which ends at step {2 * first})" in caplog.text
+    # Its first step trains at the stretched cosine's rate there: it trained at the end's 0 of the first.
+    peak, total = 2e-3 * 4 / 64, 2 * first  # the default lr scaled to the batch of 4; the steps of 2 epochs
+    warmup = round(0.05 * total)  # warmup_fraction's default
+    expected = peak * 0.5 * (1 + math.cos(math.pi * (first - warmup) / (total - warmup)))
+    first_lrs = json.loads((recorded / "rank0.json").read_text())["first_lrs"]
+    assert first_lrs["head"] == pytest.approx(expected, rel=1e-6), first_lrs
     assert (run / "config.yaml").read_text() == trained_config, "the run's config stays as it was trained"
     (resumed_config,) = run.glob("config_resumed_*.yaml")
     assert "max_epochs: 2" in resumed_config.read_text()

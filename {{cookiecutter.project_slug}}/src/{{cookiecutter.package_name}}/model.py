@@ -476,6 +476,7 @@ class ImageClassifier(L.LightningModule):
             self._resumed_train_metrics = None
             self._train_epoch_unlogged = True
         if self.trainer.ckpt_path is not None:
+            self.resume_schedule()
             self.say_restored_lr()
             if (folder := self._checkpoint_folder()) is not None:
                 forget_rows_from(folder.parent / "metrics.csv", self.trainer.global_step)
@@ -483,13 +484,23 @@ class ImageClassifier(L.LightningModule):
     def _train_epoch_metrics(self) -> dict:
         return {"loss": self.train_loss, **self.train_metrics}
 
+    def resume_schedule(self) -> None:
+        """Go on at this fit's schedule where the checkpoint stopped. The optimizer comes back with the
+        rate of the run's last step, and the scheduler sets the next only after a step: a finished
+        run's cosine stretched by `--ckpt_path last` would train a step at its end's 0. An interrupted
+        run's schedule gives the rate it saved."""
+        scheduler = self.lr_schedulers()
+        groups = scheduler.optimizer.param_groups
+        for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+            group["lr"] = base * factor(scheduler.last_epoch)
+
     def say_restored_lr(self) -> None:
         """The learning rate a resumed run goes on with: its checkpoint's, which other settings (the
         devices, accumulation) would have scaled otherwise for a new run."""
         scheduler = self.lr_schedulers()
         names = [group.get("name") for group in scheduler.optimizer.param_groups]
         head = names.index("head") if "head" in names else 0
-        restored, now = scheduler.base_lrs[head], scheduler.get_last_lr()[head]
+        restored, now = scheduler.base_lrs[head], scheduler.optimizer.param_groups[head]["lr"]
         scaled = self.scaled_lr()
         other = "" if math.isclose(restored, scaled) else f"; these settings would give a new run {scaled:.3g}"
         # The schedule's end is this fit's: `--ckpt_path last` with a higher limit stretches it to there.
