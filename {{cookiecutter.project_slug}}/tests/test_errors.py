@@ -116,8 +116,9 @@ def test_an_error_raised_outside_jsonargparse_is_not_taken_for_a_class_it_made()
 
 def test_a_trainer_option_of_lightning_1_is_told_what_replaced_it(monkeypatch, capsys, in_project_copy):
     # Closest by spelling, gpus was taken for plugins, and resume_from_checkpoint for enable_checkpointing.
-    message = refusal(monkeypatch, capsys, "fit", "--trainer.gpus=1")
-    assert message.endswith(": Lightning 2 replaced it with trainer.accelerator gpu and trainer.devices <count>")
+    for given in ("--trainer.gpus=1", "--gpus=1"):  # Lightning 1's scripts took it without trainer.
+        message = refusal(monkeypatch, capsys, "fit", given)
+        assert message.endswith(": Lightning 2 replaced it with trainer.accelerator gpu and trainer.devices <count>")
     (in_project_copy / "old.yaml").write_text("trainer:\n  resume_from_checkpoint: runs/last.ckpt\n")
     message = refusal(monkeypatch, capsys, "fit", "--config=old.yaml")
     assert message.endswith("'trainer.resume_from_checkpoint': Lightning 2 replaced it with --ckpt_path <file> "

@@ -11,6 +11,7 @@ import importlib
 import inspect
 import io
 import itertools
+import json
 import logging
 import os
 import re
@@ -148,6 +149,24 @@ BUILT = {"model": ("ImageClassifier", "model.py"), "data": ("ImageDataModule", "
 yaml.SafeDumper.add_multi_representer(enum.Enum, lambda dumper, member: dumper.represent_data(member.value))
 
 
+def code_defaults(built: type) -> dict:
+    """The defaults of a class's options, as a config holds them (tuples as lists)."""
+    parameters = inspect.signature(built.__init__).parameters
+    return {name: json.loads(json.dumps(parameter.default, default=str)) for name, parameter in parameters.items()}
+
+
+def check_options_still_taken(ckpt_path: str) -> None:
+    """Refuse, in one line, a checkpoint saved with model options that ImageClassifier no longer takes
+    (renamed or removed since): Lightning would blame them on the command line, then add a line."""
+    saved = saved_checkpoint(ckpt_path).get("hyper_parameters") or {}
+    taken = inspect.signature(ImageClassifier.__init__).parameters
+    if gone := [f"model.{name}" for name in saved if name not in taken and not name.startswith("_")]:
+        raise ConfigError(
+            f"{ckpt_path} was saved with {', '.join(gone)}, which ImageClassifier no longer takes: its code changed "
+            "since. Put the option back in model.py to use this checkpoint, or train a new run."
+        )
+
+
 class SuggestingParser(LightningArgumentParser):
     """Tell a mistake in the options in one line, naming the closest option to a misspelt one, on the
     command line or in a config file, and the file and line of a YAML syntax error."""
@@ -177,6 +196,8 @@ class SuggestingParser(LightningArgumentParser):
         else:
             key = None
         section, _, option = (key or "").partition(".")
+        if not option and section in LIGHTNING_1_OPTIONS:  # Lightning 1's Trainer flag, as its scripts took it
+            section, option = "trainer", section
         if section == "trainer" and (instead := LIGHTNING_1_OPTIONS.get(option)):
             message += f": Lightning 2 replaced it with {instead}"
         elif section in BUILT and option.split(".")[0] in ("class_path", "init_args"):
@@ -484,6 +505,8 @@ class ClassifierCLI(LightningCLI):
         # one given on the command line that differs would be dropped without a word.
         subcommand = self.config.get("subcommand")
         asked = as_plain(self.config[subcommand].get("model")) if subcommand else {}
+        if subcommand and (ckpt_path := self.config[subcommand].get("ckpt_path")):
+            check_options_still_taken(ckpt_path)
         super()._parse_ckpt_path()
         built = as_plain(self.config[subcommand].get("model")) if subcommand else {}
         dropped = [name for name in sorted(options_given(GIVEN, "model")) if asked.get(name) != built.get(name)]
@@ -531,7 +554,8 @@ class ClassifierCLI(LightningCLI):
         if (logger := first_logger(config.trainer)) is not None and "Wandb" in logger.class_path:
             go_offline_unless_reachable(logger.init_args.get("save_dir") or ".")
 {%- endif %}
-        if resolve_resume(config, self.subcommand):
+        defaults = {"data": code_defaults(ImageDataModule), "model": code_defaults(ImageClassifier)}
+        if resolve_resume(config, self.subcommand, defaults):
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
             self.save_config_kwargs["config_filename"] = resumed_config_name()
             silence_resume_notice(Path(config.ckpt_path).parent)

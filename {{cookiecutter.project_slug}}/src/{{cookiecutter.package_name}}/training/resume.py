@@ -63,11 +63,12 @@ EVALUATIONS = ("validate", "test", "predict")
 LIGHTNING_WORDS = ("best", "hpc", "registry")
 
 
-def resolve_resume(config: Namespace, subcommand: str) -> bool:
+def resolve_resume(config: Namespace, subcommand: str, defaults: dict[str, dict]) -> bool:
     """Replace `auto` or `last` in `config.ckpt_path` by the run's last.ckpt (an evaluation's `best` or
     none by the newest run's best checkpoint), and point the logger at the run of the checkpoint, so
     that a `fit` carries on in its folder and an evaluation's metrics, reports and config land beside
-    the run they evaluate. Whether a fit continues a run."""
+    the run they evaluate. Whether a fit continues a run. `defaults`: each option's default in the
+    code, by section (data, model)."""
     requested = config.get("ckpt_path")
     logger = first_logger(config.trainer)
     own = requeued_run(config, logger, requested) if subcommand == "fit" else None
@@ -123,7 +124,7 @@ def resolve_resume(config: Namespace, subcommand: str) -> bool:
         doing = "resuming from" if subcommand == "fit" else "evaluating"
         rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
         if subcommand == "fit" and not config.get(ALLOW_CHANGES):
-            check_same_options(config, found[-1], requested)
+            check_same_options(config, found[-1], requested, defaults)
     elif subcommand == "fit":
         # A checkpoint given by path starts a new run from it (a copied file), from its epoch on.
         if requested and Path(requested).is_file() and (reached := limit_reached(Path(requested), config.trainer)):
@@ -168,19 +169,29 @@ def job_done(said: str) -> NoReturn:
     raise SystemExit(0)
 
 
-def check_same_options(config: Namespace, checkpoint: Path, requested: str) -> None:
+def check_same_options(config: Namespace, checkpoint: Path, requested: str, defaults: dict[str, dict]) -> None:
     """Refuse to continue a run from `checkpoint` with other data, model or schedule options than it
-    was trained with: the weights would go on training towards something else under the run's name."""
+    was trained with: the weights would go on training towards something else under the run's name.
+    An option the code gained since, at its default (`defaults`, by section), is no change."""
     run = checkpoint.parent.parent
     saved, trained = config_at(checkpoint)
     if saved is None:
         return  # a run without a config (trained outside the CLI): nothing to compare
-    changed = [
-        f"{section}.{name} {before!r} -> {now!r}"
-        for section in ("data", "model")
-        for name, before, now in differences(trained.get(section) or {}, as_plain(config.get(section)))
-        if f"{section}.{name}" not in HOW_NOT_WHAT + LINKED
-    ]
+    changed, gained = [], []
+    for section in ("data", "model"):
+        was, default = trained.get(section) or {}, defaults[section]
+        for name, before, now in differences(was, as_plain(config.get(section))):
+            key = f"{section}.{name}"
+            if key in HOW_NOT_WHAT + LINKED:
+                continue
+            if name not in was and name in default and now == default[name]:
+                gained.append(f"{key} {now!r}")  # added to the code since, at its default
+            elif name not in was:
+                changed.append(f"{key} {now!r} (an option the run's code did not have)")
+            elif name not in default:
+                changed.append(f"{key} {before!r} (an option this code no longer has)")
+            else:
+                changed.append(f"{key} {before!r} -> {now!r}")
     schedule = [name for name in SCHEDULE if requested == "auto" or name not in LIMITS]
     was, now = trained.get("trainer") or {}, config.trainer
     changed += [f"trainer.{name} {was.get(name)!r} -> {now.get(name)!r}" for name in schedule
@@ -191,6 +202,8 @@ def check_same_options(config: Namespace, checkpoint: Path, requested: str) -> N
             f"{', '.join(changed)}. Resume with the run's options, start a new run (no --ckpt_path), or pass "
             f"--{ALLOW_CHANGES}=true to continue it with these."
         )
+    if gained:
+        rank_zero_info(f"Options new since {run} was saved, at their defaults: {', '.join(gained)}")
 
 
 def evaluate_on_trained_data(config: Namespace, given: set[str], subcommand: str) -> None:
