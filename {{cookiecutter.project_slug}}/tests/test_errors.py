@@ -93,6 +93,19 @@ def test_bad_options_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_
     assert expected in refusal(monkeypatch, capsys, *fit(tiny_shapes, *options))
 
 
+def test_a_wrong_value_in_a_config_file_names_the_file_not_an_option_never_given(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    # It was said as `--data.batch_size: eight ...`, an option the command line did not give.
+    (in_project_copy / "mine.yaml").write_text(f"data:\n  data_dir: {tiny_shapes}\n  batch_size: eight\n")
+    command = ["fit", "--config=mine.yaml", *ON_CPU, "--trainer.fast_dev_run=true"]
+    message = refusal(monkeypatch, capsys, *command)
+    assert message == "error: mine.yaml: data.batch_size: eight is not a whole number", message
+    (in_project_copy / "mine.yaml").write_text(f"data:\n  data_dir: {tiny_shapes}\n  batch_size: 8\n")
+    message = refusal(monkeypatch, capsys, *command, "--data.batch_size=many")
+    assert message == "error: --data.batch_size: many is not a whole number", message
+
+
 def test_the_file_named_for_a_setting_is_the_last_given_that_sets_it_however_given(monkeypatch, tmp_path):
     for name in ("one.yaml", "two.yaml"):
         (tmp_path / name).write_text("model:\n  lr: 0.1\n")

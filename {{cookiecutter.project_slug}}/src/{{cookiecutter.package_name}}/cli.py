@@ -219,7 +219,7 @@ class SuggestingParser(LightningArgumentParser):
             message = f"{'; '.join(moved)}: change the config"
         elif stale := stale_options(given_configs()):
             message = f"{'; '.join(stale)}: correct or delete them in the config"
-        print(f"error: {condensed(message)}", file=sys.stderr)
+        print(f"error: {where_set(condensed(message))}", file=sys.stderr)
         sys.exit(2)
 
     def _subcommand(self, name: str) -> "SuggestingParser | None":
@@ -239,6 +239,18 @@ class SuggestingParser(LightningArgumentParser):
 
 def pretrained_backbone(backbone: str, pretrained: bool) -> str | None:
     return backbone if pretrained else None
+
+
+def where_set(said: str) -> str:
+    """`--data.batch_size: ...` said of a value that a config file set, not the command line: with the
+    file named, as a misspelt key in one is."""
+    key = re.match(r"--([\w.]+): ", said)
+    if key is None:
+        return said
+    section, _, name = key.group(1).partition(".")
+    given = name.partition(".")[0] in options_given(GIVEN or sys.argv[1:], section)
+    setting = None if given else config_setting(key.group(1))
+    return f"{setting}: {said.removeprefix('--')}" if setting else said
 
 
 def condensed(message: str) -> str:
@@ -789,6 +801,7 @@ def options_given(args: list[str], group: str) -> set[str]:
     names = set()
     for index, arg in enumerate(args):
         option, has_value, value = arg.partition("=")
+        option = option.removesuffix("+")  # --trainer.callbacks+=, which appends
         if option.startswith(f"--{group}."):
             names.add(option.removeprefix(f"--{group}."))
         elif option == f"--{group}":
