@@ -612,10 +612,18 @@ def test_an_evaluation_takes_the_model_of_its_checkpoint_not_a_backbone_changed_
     done = subprocess.run(command, cwd=trained, env=command_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "--ckpt_path best (the default): evaluating runs/" in done.stderr
+    # A new run from the checkpoint: the configs' backbone set aside, said.
+    last = next(Path().glob("runs/*/*/checkpoints/last.ckpt"))
+    command[3:4] = ["fit"]
+    command += [f"--ckpt_path={last}", "--trainer.max_epochs=2", "--trainer.limit_train_batches=1",
+                "--trainer.limit_val_batches=1"]  # fmt: skip
+    done = subprocess.run(command, cwd=trained, env=command_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = f"--ckpt_path {last}: the model is built as it was trained: model.backbone "
+    assert f"{said}'{{ cookiecutter.backbone }}' (the configs say '{OTHER_BACKBONE}')" in done.stderr, done.stderr[-3000:]
     # Given on the command line for this command, a model option would be dropped: it is refused instead.
     capsys.readouterr()
     (trained / "lr.yaml").write_text("lr: 0.5\n")
-    last = next(Path().glob("runs/*/*/checkpoints/last.ckpt"))
     commands = (["validate", '--model={"lr": 0.5}'], ["validate", "--model", "lr.yaml"],
                 ["fit", f"--ckpt_path={last}", "--model.lr=0.5"])  # fmt: skip
     for command in commands:

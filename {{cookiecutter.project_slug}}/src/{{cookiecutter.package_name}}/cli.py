@@ -51,6 +51,7 @@ from .training.quiet import (
 from .training.resume import (
     ALLOW_CHANGES,
     EVALUATIONS,
+    LINKED,
 {%- if cookiecutter.logger != "wandb" %}
     SaveConfigWhole,
 {%- endif %}
@@ -529,6 +530,13 @@ class ClassifierCLI(LightningCLI):
                 f"{options}: the model of the checkpoint {self.config[subcommand].ckpt_path} is built as it "
                 f"was trained, with its own options. Leave them out, or {fix}."
             )
+        # A new run from a checkpoint (weights come from it, not from pretrained ones).
+        moot = {*LINKED, "model.pretrained"}
+        set_aside = [f"model.{name} {built[name]!r} (the configs say {asked[name]!r})" for name in sorted(asked)
+                     if name in built and asked[name] != built[name] and f"model.{name}" not in moot]  # fmt: skip
+        if subcommand == "fit" and set_aside:
+            ckpt_path = self.config[subcommand].ckpt_path
+            rank_zero_info(f"--ckpt_path {ckpt_path}: the model is built as it was trained: {', '.join(set_aside)}")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
