@@ -142,7 +142,7 @@ def test_the_dry_run_goes_through_every_part_on_the_cpu(tmp_path):
     assert hooked["output"].startswith("==== image-classifier: setup summary ====")
     assert "smoke test passed" in hooked["output"]
     # No GPU here: the smoke test said so and ran on the CPU.
-    assert "FALLBACK: accelerator gpu, but no CUDA GPU is visible: the smoke test runs on accelerator cpu" in (
+    assert "FALLBACK: accelerator gpu, but no CUDA GPU is visible: the smoke test runs on the CPU (accelerator cpu" in (
         hooked["output"])  # fmt: skip
     classified = setup["classify: cpu against cpu"]["figures"]
     assert classified["same top-1"] == 1 and classified["other top-1 beyond a tie"] == 0

@@ -30,6 +30,8 @@ OLDEST_PYTHON = REQUIRES.group(1) if REQUIRES else "3.10"
 # PyTorch's CPU-only wheels; the variable points at a mirror.
 CPU_WHEELS = os.environ.get("LIGHTNING_TEMPLATE_CPU_WHEELS", "https://download.pytorch.org/whl/cpu")
 PACKAGE = "{{ cookiecutter.package_name }}"
+# What the smoke test (commands/smoke_test.py) says before the options it fell back to on this machine.
+HERE = "On this machine, fit with: "
 VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
 NEEDED = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse", "rich", "yaml", "matplotlib")
 
@@ -58,9 +60,12 @@ def main() -> int:
             print("smoke test not run: the environment is not ready")
         return 1
     python = sys.executable if options.how == "current" else VENV_PYTHON
-    if options.smoke and not smoke_test(python, options.log):
+    said = smoke_test(python, options.log) if options.smoke else []
+    if said is None:
         return 1
-    print_next_steps(python)
+    # After a fallback from hardware this machine lacks, the options the smoke test trained with.
+    here = next((line.partition(HERE)[2] for line in said if HERE in line), "")
+    print_next_steps(python, here)
     return 0
 
 
@@ -99,8 +104,8 @@ def make(how: str, log: Path) -> None:
 MISSING_MODULES = f"import importlib.util as u; print(' '.join(m for m in {NEEDED} if u.find_spec(m) is None))"
 
 
-def smoke_test(python: str, log: Path) -> bool:
-    """The project's own smoke test, whose summary is the verdict. True when it passed."""
+def smoke_test(python: str, log: Path) -> list[str] | None:
+    """The project's own smoke test, whose summary is the verdict: its lines when it passed, else None."""
     say(f"Smoke test: {PACKAGE} doctor --smoke (a fast_dev_run, then a two-batch fit and its checkpoint) ...", log)
     command = [python, "-m", PACKAGE, "doctor", "--smoke"]
     env = os.environ | {"PYTHONPATH": f"src{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # for `current`
@@ -113,19 +118,20 @@ def smoke_test(python: str, log: Path) -> bool:
     summary = "\n".join(output or ["(no output)"])
     print(f"\n==== {PROJECT.name}: setup summary ====\n{summary}\nSetup log: {log.resolve()}")
     if output[-1:] == ["smoke test passed"]:
-        return True
+        return output
     if output[-1:] != ["smoke test failed"]:  # it did not get to run: the project does not import
         print(f"Failed command: {' '.join(command)} (its error is at the end of the log)\nsmoke test failed")
-    return False
+    return None
 
 
-def print_next_steps(python: str) -> None:
+def print_next_steps(python: str, fit_options: str = "") -> None:
     if python == sys.executable:  # `current`: the Python that runs this, which `python` may not be
         run, test = f"PYTHONPATH=src {shlex.quote(python)} -m", "pytest"  # pytest-xdist may be missing there
     else:  # Debian and Ubuntu have no `python` outside the activated .venv
         run, test = ". .venv/bin/activate && python -m", "pytest -n auto"
     print(f"\nNext:\n  cd {PROJECT}")
-    print("\n".join(f"  {run} {command}" for command in (f"{PACKAGE} doctor", f"{PACKAGE} fit", test)))
+    fit = f"{PACKAGE} fit {fit_options}".rstrip()
+    print("\n".join(f"  {run} {command}" for command in (f"{PACKAGE} doctor", fit, test)))
 
 
 def cpu_wheel_index(log: Path) -> str | None:

@@ -1,9 +1,10 @@
 """`doctor --smoke`: the smoke test the project was generated with, rerun by the user."""
 
+import importlib.util
 import sys
 
 import yaml
-from conftest import command_env, run_group
+from conftest import PROJECT_ROOT, command_env, run_group
 
 # The smoke test's CPU runs (accelerator auto, or the fallback from GPUs) train in float32, which a
 # CPU computes faster than the presets' mixed precisions (hardware/rules.py's fastest_precision).
@@ -18,15 +19,29 @@ def small_data(folder, tiny_shapes, **data) -> str:
     return f"--config={config}"
 
 
-def test_missing_gpus_fall_back_to_the_cpu_and_the_checkpoint_reloads(in_project_copy, tiny_shapes):
+def load_make_env():
+    spec = importlib.util.spec_from_file_location("make_env", PROJECT_ROOT / "scripts" / "make_env.py")
+    make_env = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_env)
+    return make_env
+
+
+def test_missing_gpus_fall_back_to_the_cpu_and_the_checkpoint_reloads(capsys, in_project_copy, tiny_shapes):
     command = [*DOCTOR_SMOKE, "--config=configs/trainer/gpu.yaml", small_data(in_project_copy, tiny_shapes)]
     done = run_group(command, 600, cwd=in_project_copy, env=command_env(CUDA_VISIBLE_DEVICES=""))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    cpu = f"accelerator cpu, devices 1, strategy auto, precision {CPU_PRECISION}"
+    cpu = f"the CPU (accelerator cpu, devices 1, strategy auto, precision {CPU_PRECISION})"
     assert f"FALLBACK: accelerator gpu, but no CUDA GPU is visible: the smoke test runs on {cpu} instead." in lines
     assert any(line.startswith(f"Ran fast_dev_run on {cpu}: ") for line in lines), lines
-    assert "reloaded its checkpoint runs/smoke-test/version_0/checkpoints/last.ckpt, then removed it" in lines[-3]
+    assert "reloaded its checkpoint runs/smoke-test/version_0/checkpoints/last.ckpt, then removed it" in lines[-4]
+    # It passed on the CPU, where a plain fit is refused: the next steps train with what the smoke test ran.
+    assert lines[-3].startswith("Passed on the fallback, not on the configured hardware. On this machine, fit with: ")
+    make_env = load_make_env()
+    here = next(line.partition(make_env.HERE)[2] for line in lines if make_env.HERE in line)
+    assert "--trainer.accelerator=cpu" in here.split()
+    make_env.print_next_steps(make_env.VENV_PYTHON, here)
+    assert f"python -m {{ cookiecutter.package_name }} fit {here}\n" in capsys.readouterr().out
     # Removed, so that the commands which take the newest run (classify, report) take a real one.
     assert not list(in_project_copy.glob("runs/**/*.ckpt"))
     assert lines[-2:] == [f"Full log: {in_project_copy / 'runs/smoke-test/smoke.log'}", "smoke test passed"]

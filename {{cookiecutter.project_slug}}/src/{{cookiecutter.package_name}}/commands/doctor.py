@@ -83,7 +83,7 @@ def data_checks(facts: dict, data: dict, devices: int) -> list[Check]:
             )
         )
     else:
-        found.append(Check("ok", f"{workers} data workers per device, {cpus} CPUs"))
+        found.append(Check("ok", f"{workers} data worker{'s' * (workers != 1)} per device, {cpus} CPUs"))
 
     shm = shutil.disk_usage("/dev/shm").total if os.path.isdir("/dev/shm") else None
     if shm is not None and workers > 0:

@@ -16,10 +16,14 @@ from pathlib import Path
 
 from ..errors import PACKAGE
 from ..hardware.checks import machine_of
-from ..hardware.rules import from_trainer, runnable
+from ..hardware.rules import from_trainer, runnable, target
 from ..training.run_folders import newest_run
 
 CLI = [sys.executable, "-m", PACKAGE]
+# Where each accelerator that hardware/rules.py's target names trains, in words.
+DEVICES = {"cuda": "NVIDIA GPUs", "mps": "the Apple silicon GPU", "cpu": "the CPU"}
+# Begins the options a fallback passed with; scripts/make_env.py reads them from here into its "Next" steps.
+HERE = "On this machine, fit with: "
 RUNS = Path("runs") / "smoke-test"
 LOG = RUNS / "smoke.log"
 
@@ -35,19 +39,23 @@ def smoke_test(facts: dict, trainer: dict, configs: list[Path]) -> int:
     configured = from_trainer(trainer)
     settings, fallback = runnable(configured, machine_of(facts))
     changed = [f.name for f in fields(settings) if getattr(settings, f.name) != getattr(configured, f.name)]
-    options = [f"--config={path}" for path in configs]
-    options += [f"--trainer.{key}={getattr(settings, key)}" for key in changed]
-    target = f"accelerator {settings.accelerator}, devices {settings.devices}, strategy {settings.strategy}, "
-    target += f"precision {settings.precision}"
-    if fallback:
-        print(f"FALLBACK: {fallback}: the smoke test runs on {target} instead.")
+    changed_options = [f"--trainer.{key}={getattr(settings, key)}" for key in changed]
+    options = [*(f"--config={path}" for path in configs), *changed_options]
+    device = DEVICES.get(target(settings, machine_of(facts)), f"accelerator {settings.accelerator}")
+    where = f"{device} (accelerator {settings.accelerator}, devices {settings.devices}, "
+    where += f"strategy {settings.strategy}, precision {settings.precision})"
+    fell_back = changed != ["precision"] and bool(changed)  # the hardware, not only fit's choice of precision
+    if fell_back:
+        print(f"FALLBACK: {fallback}: the smoke test runs on {where} instead.")
+    elif fallback:
+        print(f"Precision {settings.precision}, as fit picks it on this machine: {fallback}.")
     LOG.parent.mkdir(parents=True, exist_ok=True)
     LOG.write_text("")
     try:
         started = time.monotonic()
         step("Smoke test 1/2: fast_dev_run (one batch of training and validation)",
              [*CLI, "fit", *options, "--trainer.fast_dev_run=true"])  # fmt: skip
-        print(f"Ran fast_dev_run on {target}: {time.monotonic() - started:.1f} s")
+        print(f"Ran fast_dev_run on {where}: {time.monotonic() - started:.1f} s")
         started = time.monotonic()
         checkpoint = fit_and_reload(options)
         print(
@@ -61,6 +69,8 @@ def smoke_test(facts: dict, trainer: dict, configs: list[Path]) -> int:
         print(f"Full log: {LOG.resolve()}")
         print("smoke test failed")
         return 1
+    if fell_back:  # the configured hardware is not here: a plain fit is refused
+        print(f"Passed on the fallback, not on the configured hardware. {HERE}{shlex.join(changed_options)}")
     print(f"Full log: {LOG.resolve()}")
     print("smoke test passed")
     return 0
