@@ -19,10 +19,15 @@ from pathlib import Path
 # Every answer as cookiecutter holds it.
 ANSWERS = json.loads(r"""{{ cookiecutter | jsonify }}""")
 
-# Importing the project under one of these names would import the other package instead, or break it.
+# Importing the project under one of these names would import the other package instead, or break it:
+# what any render imports (a template test keeps the list whole), the tools its extras install, and
+# the project's own test modules.
 TAKEN_NAMES = {
-    "deepspeed", "jsonargparse", "lightning", "lightning_fabric", "numpy", "PIL", "pytest", "pytorch_lightning",
-    "rich", "tensorboard", "test", "tests", "torch", "torchmetrics", "torchvision", "wandb", "yaml",
+    "boto3", "botocore", "conftest", "deepspeed", "fastapi", "helper_callbacks", "hatchling", "huggingface_hub",
+    "jsonargparse", "lightning", "lightning_fabric", "litdata", "litserve", "matplotlib", "moto", "multipart",
+    "numpy", "onnx", "onnxruntime", "onnxscript", "optuna", "optuna_integration", "packaging", "PIL", "pre_commit",
+    "pytest", "python_multipart", "pytorch_lightning", "rich", "ruff", "starlette", "tensorboard", "test", "tests",
+    "timm", "torch", "torchmetrics", "torchvision", "wandb", "xdist", "yaml",
 }  # fmt: skip
 STDLIB = getattr(sys, "stdlib_module_names", frozenset({"json", "os", "sys", "re", "typing", "types", "io", "logging"}))
 
@@ -45,6 +50,12 @@ TORCHVISION_CLASSIFIERS = {
     "vit_l_16", "vit_l_32", "wide_resnet101_2", "wide_resnet50_2",
 }  # fmt: skip
 
+# The image sides torchvision's models take as they are built (a template test checks each): one
+# side for ViTs and MaxViT, a smallest one for the others listed; by name prefix.
+ONE_SIDE = {"vit_": 224, "maxvit_": 224}
+SMALLEST_SIDE = {"inception_v3": 75, "alexnet": 63, "convnext_": 32, "vgg": 32, "densenet": 29,
+                 "squeezenet1_0": 21, "squeezenet1_1": 17}  # fmt: skip
+
 # The Pythons torch and lightning publish wheels for, and so the project's oldest Python may be. A text
 # answer rather than a menu: cookiecutter refuses a value outside a menu with a traceback of its own.
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
@@ -63,6 +74,7 @@ def is_timm_model(name: str) -> bool:
     try:
         import timm
     except Exception:
+        print(f"note: no timm where cookiecutter runs, so only the form of {name} was checked; fit looks it up.")
         return re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)?", model) is not None
     return model in (timm.list_models(pretrained=True) if "." in model else timm.list_models())
 
@@ -105,6 +117,18 @@ def hardware_problems(answers: dict[str, str]) -> list[str]:
     sys.modules[spec.name] = rules  # dataclasses look their module up while they are made
     spec.loader.exec_module(rules)
     return [f"{problem.what}: {problem.answers_fix}." for problem in rules.problems(rules.from_answers(answers))]
+
+
+def side_problems(backbone: str, size: int) -> list[str]:
+    """The image size a torchvision backbone cannot take (the project checks any model as it builds it)."""
+    one = next((side for prefix, side in ONE_SIDE.items() if backbone.startswith(prefix)), None)
+    if one is not None and size != one:
+        return [f"{backbone} takes {one}-pixel images only, and image_size is {size}: answer image_size={one}."]
+    least = next((side for prefix, side in SMALLEST_SIDE.items() if backbone.startswith(prefix)), 0)
+    if size < least:
+        return [f"{backbone} takes images of {least} pixels or more, and image_size is {size}: answer "
+                f"image_size={least} or more, or another backbone such as resnet18."]  # fmt: skip
+    return []
 
 
 def problems(answers: dict[str, str]) -> list[str]:
@@ -157,10 +181,13 @@ def problems(answers: dict[str, str]) -> list[str]:
         fix = f"did you mean {' or '.join(close)}?" if close else "use one such as resnet18 or efficientnet_b0."
         found.append(f"backbone {backbone!r} is not a torchvision classification model (nor timm/<model>): {fix}")
     size = answers["image_size"]
-    if not size.isdigit() or not 16 <= int(size) <= 4096:
+    whole = r"[1-9][0-9]*"  # as Python and YAML read it: ASCII digits, no leading 0
+    if not re.fullmatch(whole, size) or not 16 <= int(size) <= 4096:
         found.append(f"image_size {size!r} is not a side in pixels between 16 and 4096 (e.g. image_size=224).")
+    else:
+        found += side_problems(backbone, int(size))
     devices = answers["devices"]
-    if devices != "auto" and not (devices.isdigit() and int(devices) > 0):
+    if devices != "auto" and not re.fullmatch(whole, devices):
         found.append(f"devices {devices!r} is neither a positive whole number nor auto (e.g. devices=1).")
     found += hardware_problems(answers)
     return found

@@ -36,6 +36,17 @@ REFUSED = [
     ({"image_size": "8"}, "image_size '8'"),
     ({"devices": "0"}, "devices '0'"),
     ({"devices": "two"}, "devices 'two'"),
+    # Digits Python and YAML do not read as the number: a leading 0, or not ASCII; the hook itself failed on ².
+    ({"image_size": "064"}, "image_size '064' is not a side in pixels"),
+    ({"image_size": "\u0666\u0664"}, "is not a side in pixels"),
+    ({"image_size": "\u00b2"}, "is not a side in pixels"),
+    ({"devices": "\u00b2"}, "is neither a positive whole number nor auto"),
+    ({"devices": "01"}, "devices '01' is neither"),
+    # The project imported itself in place of the library.
+    ({"package_name": "timm"}, "shadows the dependency"),
+    ({"package_name": "matplotlib"}, "shadows the dependency"),
+    ({"backbone": "vit_b_16"}, "vit_b_16 takes 224-pixel images only, and image_size is 64: answer image_size=224."),
+    ({"backbone": "inception_v3"}, "inception_v3 takes images of 75 pixels or more, and image_size is 64"),
     (
         {"accelerator": "cpu", "strategy": "deepspeed"},
         "DeepSpeed runs on NVIDIA GPUs only, and accelerator is cpu: "
@@ -89,17 +100,66 @@ def test_good_answers_render(tmp_path):
     assert (tmp_path / "leaf-disease/src/leaf_disease/cli.py").is_file()
 
 
-def test_the_hooks_backbone_list_is_torchvisions():
-    torchvision = pytest.importorskip("torchvision")
+def hook_constant(name: str):
     tree = ast.parse((TEMPLATE / "hooks/pre_gen_project.py").read_text())
-    listed = next(
+    return next(
         ast.literal_eval(node.value)
         for node in tree.body
-        if isinstance(node, ast.Assign) and node.targets[0].id == "TORCHVISION_CLASSIFIERS"
+        if isinstance(node, ast.Assign) and node.targets[0].id == name
     )
-    assert listed == set(torchvision.models.list_models(module=torchvision.models)), (
+
+
+def test_the_hooks_backbone_list_is_torchvisions():
+    torchvision = pytest.importorskip("torchvision")
+    assert hook_constant("TORCHVISION_CLASSIFIERS") == set(torchvision.models.list_models(module=torchvision.models)), (
         "update TORCHVISION_CLASSIFIERS in hooks/pre_gen_project.py to this torchvision's list_models()"
     )
+
+
+def test_the_hooks_image_sides_are_those_torchvisions_models_take():
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+
+    def takes(name: str, side: int) -> bool:
+        model = torchvision.models.get_model(name, weights=None, num_classes=2).eval()
+        try:
+            with torch.no_grad():
+                model(torch.zeros(1, 3, side, side))
+        except (RuntimeError, ValueError, AssertionError):
+            return False
+        return True
+
+    names = sorted(hook_constant("TORCHVISION_CLASSIFIERS"))
+    for prefix, side in hook_constant("ONE_SIDE").items():
+        name = next(name for name in names if name.startswith(prefix))
+        assert takes(name, side) and not takes(name, side - 32) and not takes(name, side + 32), name
+    for prefix, side in hook_constant("SMALLEST_SIDE").items():
+        name = next(name for name in names if name.startswith(prefix))
+        assert takes(name, side) and not takes(name, side - 1), name
+
+
+def test_every_library_a_render_imports_is_a_refused_package_name(full_project):
+    # A package named timm or matplotlib imported itself in place of the library.
+    local = {path.stem for path in full_project.glob("tests/*.py")} | {path.name for path in full_project.glob("src/*")}
+    imported = set()
+    for path in full_project.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.partition(".")[0])
+    libraries = imported - local - set(sys.stdlib_module_names)
+    assert libraries - hook_constant("TAKEN_NAMES") == set(), "add them to TAKEN_NAMES in hooks/pre_gen_project.py"
+
+
+def test_a_package_named_as_a_folder_that_git_ignores_stays_in_git(tmp_path):
+    # `data` (the name a project called Data gets) matched .gitignore's data/: no module was committed.
+    result = run_cookiecutter(tmp_path, project_name="Data")
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "data"
+    ignored = ["git", "check-ignore", "--no-index", "-q"]
+    assert subprocess.run([*ignored, "src/data/__init__.py"], cwd=project).returncode == 1
+    assert subprocess.run([*ignored, "data/shapes/train/a.png"], cwd=project).returncode == 0
 
 
 FAKE_TORCHVISION_MODELS = {

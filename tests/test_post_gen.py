@@ -201,7 +201,8 @@ def test_current_python_runs_the_smoke_test(tmp_path):
     assert f"Setup log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
     assert f"Full log: {project / 'runs/smoke-test/smoke.log'}" in result.stdout  # the project's own smoke test
     # On a CPU, float32 rather than the preset's bfloat16 autocast (the project's hardware/rules.py).
-    assert "Ran fast_dev_run on the CPU (accelerator auto, devices 1, strategy auto, precision 32-true)" in result.stdout
+    ran = "Ran fast_dev_run on the CPU (accelerator auto, devices 1, strategy auto, precision 32-true)"
+    assert ran in result.stdout
     assert f"PYTHONPATH=src {sys.executable} -m image_classifier fit" in result.stdout
 
 

@@ -102,8 +102,9 @@ def test_checkpoint_on_data_with_other_classes_is_refused(monkeypatch, capsys, i
 
 
 def test_a_library_that_reading_the_config_imports_still_logs_to_the_terminal(in_project_copy):
-    # doctor, sweep and cv read the configuration with its output captured; DeepSpeed, imported
-    # then, kept that capture as its log's stream, and its lines during training went nowhere.
+    # doctor (and the commands that run fits of their own) read the configuration with its output
+    # captured; DeepSpeed, imported then, kept that capture as its log's stream, and its lines during
+    # training went nowhere.
     pytest.importorskip("deepspeed")
     code = ("import logging, sys; from {{ cookiecutter.package_name }}.cli import resolved_config; "
             "assert 'deepspeed' not in sys.modules, 'imported before: this test would show nothing'; "

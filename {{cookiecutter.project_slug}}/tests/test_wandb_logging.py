@@ -64,10 +64,10 @@ def no_wandb_settings(monkeypatch, tmp_path):
 
 def test_no_api_key_goes_offline_and_says_so(no_wandb_settings, caplog):
     with caplog.at_level(logging.INFO):
-        go_offline_unless_reachable("cv/mine/fold0")  # where the runs of a cv fold go
+        go_offline_unless_reachable("experiments/mine/part0")  # a folder of runs other than runs/
     assert os.environ["WANDB_MODE"] == "offline"
     assert "W&B logs offline: no API key" in caplog.text
-    assert "Upload later with `wandb sync cv/mine/fold0/wandb/offline-run-*`" in caplog.text
+    assert "Upload later with `wandb sync experiments/mine/part0/wandb/offline-run-*`" in caplog.text
 
 
 def test_a_run_with_another_logger_says_nothing_of_wandb(no_wandb_settings, monkeypatch, caplog, in_project_copy,

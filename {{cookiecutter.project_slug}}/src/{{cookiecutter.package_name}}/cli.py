@@ -752,7 +752,7 @@ def resolved_config(cli_args: list[str]) -> dict:
         if done.code:
             raise ConfigError(refused.getvalue().strip().removeprefix("error: ") or str(done.code)) from None
     finally:
-        GIVEN[:] = given  # the command run, which a stop's resume line repeats (sweep's, not this fit's)
+        GIVEN[:] = given  # the command run, which a stop's resume line repeats (the command's, not this fit's)
         # A library imported meanwhile (DeepSpeed, when a preset names it) logs to the stream it found
         # then, for good: its later lines would go into these buffers.
         for logger in [logging.root, *logging.root.manager.loggerDict.values()]:

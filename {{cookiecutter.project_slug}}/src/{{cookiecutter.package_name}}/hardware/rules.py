@@ -7,6 +7,7 @@ template's pre-generation hook loads this file by path, under a Python that usua
 
 from __future__ import annotations  # the generation check may run under a Python older than the project's
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -37,7 +38,7 @@ class Settings:
         text = str(devices).strip()
         if text.startswith("[") or "," in text:
             return len([part for part in text.strip("[]").split(",") if part.strip()])
-        return int(text) if text.lstrip("-").isdigit() else None
+        return int(text) if re.fullmatch(r"-?[0-9]+", text) else None  # ASCII: isdigit() takes ² too
 
 
 @dataclass(frozen=True)

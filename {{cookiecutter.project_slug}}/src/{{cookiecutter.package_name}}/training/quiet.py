@@ -23,8 +23,9 @@ SILENCED_WARNINGS = [
     # A checkpoint of another run (a copied file, or an evaluation on other data) starts a run of its
     # own, which keeps its own best checkpoints: the old folder's list is rightly not carried over.
     r"The dirpath has changed from",
-    # The tools (cv, sweep, tune, doctor) give LightningCLI the options of the fits they run, beside their
-    # own command line: on purpose, and the warning would land inside their one-line errors.
+    # The commands that run fits of their own (doctor and the like) give LightningCLI those fits'
+    # options, beside their own command line: on purpose, and the warning would land inside their
+    # one-line errors.
     r"LightningCLI's args parameter is intended to run from within Python",
 ]
 

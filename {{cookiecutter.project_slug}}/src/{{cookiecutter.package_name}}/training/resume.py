@@ -312,7 +312,7 @@ def differences(saved: dict, now: dict) -> list[tuple[str, object, object]]:
 
 def resume_command(given: list[str]) -> str:
     """The command that continues this run: the fit it was started with (`given`, its arguments), with
-    --ckpt_path auto; a command that trains runs of its own (cv, sweep) goes on when started again."""
+    --ckpt_path auto; a command that trains runs of its own goes on when started again."""
     if given[:1] != ["fit"]:
         return shlex.join(["python", "-m", PACKAGE, *given])
     kept = []

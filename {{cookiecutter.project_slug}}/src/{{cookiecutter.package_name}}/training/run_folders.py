@@ -116,7 +116,7 @@ def hold_run(run: Path, command: str) -> None:
     """Hold `run` for this process, or refuse in one line if another process holds it. Two writing into
     one run (a `test` beside its fit, two resumes) would mix metrics.csv's rows under different columns
     and W&B's steps. The OS lock goes with the process however it ends (on NFS, after a node's crash,
-    with the server's lease). One process writes one run at a time (cv and sweep train theirs in turn),
+    with the server's lease). One process writes one run at a time (a command that trains several, in turn),
     so holding one lets go of the one before."""
     run = run.resolve()
     if run in _held:
