@@ -209,13 +209,15 @@ def test_current_python_runs_the_smoke_test(tmp_path):
 @pytest.mark.slow
 def test_failed_smoke_test_keeps_the_project_and_points_at_the_log(tmp_path):
     env = {FORCE: "1", "WANDB_MODE": "offline"}
-    # A ViT takes its own image size only, which generation does not check: the first fit does.
-    result = generate(tmp_path, env, setup_env="current", smoke_test="yes", backbone="vit_b_16", image_size="64")
+    # A timm ViT takes its own image size only, which generation does not check (it checks
+    # torchvision's models' sizes): the first fit does.
+    vit = "timm/vit_tiny_patch16_224"
+    result = generate(tmp_path, env, setup_env="current", smoke_test="yes", backbone=vit, image_size="64")
     project = tmp_path / "image-classifier"
     assert result.returncode == 0 and (project / "pyproject.toml").is_file()
     assert "smoke test failed" in result.stdout and "Next:" not in result.stdout
     assert f"Setup log: {project / 'runs/smoke-test/setup.log'}" in result.stdout
-    assert "vit_b_16 cannot take 64-pixel images" in result.stdout and "--data.image_size 224" in result.stdout
+    assert f"{vit} cannot take 64-pixel images" in result.stdout and "--data.image_size 224" in result.stdout
 
 
 @pytest.mark.slow
