@@ -73,22 +73,26 @@ def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_p
 
     assert ("ENTRYPOINT", '["python", "-m", "image_classifier"]') in steps
     assert ("CMD", '["doctor"]') in steps
-    installs = [arguments for kind, arguments in steps if kind == "RUN" and 'install ".[serve,timm]"' in arguments]
+    installs = [
+        arguments for kind, arguments in steps if kind == "RUN" and 'install ".[export,serve,timm]"' in arguments
+    ]
     if python_version == "3.11":  # the image's Python and torch
-        assert installs == ['--mount=type=cache,target=/root/.cache/pip pip install ".[serve,timm]"']
+        assert installs == ['--mount=type=cache,target=/root/.cache/pip pip install ".[export,serve,timm]"']
         assert not any("venv" in arguments for _, arguments in steps)
     else:  # newer than the image's Python: uv brings one
         assert any("uv venv --python 3.13 /opt/venv" in arguments for kind, arguments in steps if kind == "RUN")
-        assert installs == ['--mount=type=cache,target=/root/.cache/uv uv pip install ".[serve,timm]"']
+        assert installs == ['--mount=type=cache,target=/root/.cache/uv uv pip install ".[export,serve,timm]"']
 
 
 @pytest.mark.parametrize(
     ("answers", "installed"),
-    [({"timm": "no"}, "pip pip install ."), ({"timm": "no", "python_version": "3.13"}, "uv uv pip install ."),
-     ({}, 'pip pip install ".[timm]"'), ({"serving": "yes"}, 'pip pip install ".[serve,timm]"'),
-     ({"serving": "yes", "streaming": "yes"}, 'pip pip install ".[serve,timm,streaming]"')],
+    [({"timm": "no"}, 'pip pip install ".[export]"'),
+     ({"timm": "no", "python_version": "3.13"}, 'uv uv pip install ".[export]"'),
+     ({}, 'pip pip install ".[export,timm]"'), ({"serving": "yes"}, 'pip pip install ".[export,serve,timm]"'),
+     ({"serving": "yes", "streaming": "yes", "experiments": "yes"},
+      'pip pip install ".[export,serve,timm,streaming,sweep]"')],
 )  # fmt: skip
-def test_the_image_installs_the_extras_the_answers_need(tmp_path, answers, installed):
+def test_the_image_installs_the_extras_every_command_needs(tmp_path, answers, installed):
     runs = [arguments for kind, arguments in instructions(render(tmp_path, **answers)) if kind == "RUN"]
     assert [arguments for arguments in runs if " install " in arguments][-1].endswith(installed), runs
 
@@ -113,8 +117,8 @@ def test_the_images_install_step_gives_a_cli_that_trains(tmp_path):
         assert result.returncode == 0, f"{command}: {result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result.stdout
 
-    # The Dockerfile's `pip install ".[serve,timm]"`; without build isolation, which would download hatchling.
-    run(python, "-m", "pip", "install", "--no-build-isolation", ".[serve,timm]")
+    # The Dockerfile's `pip install ".[export,serve,timm]"`; without build isolation, which would download hatchling.
+    run(python, "-m", "pip", "install", "--no-build-isolation", ".[export,serve,timm]")
     assert "site-packages" in run(python, "-c", "import image_classifier; print(image_classifier.__file__)")
     assert "accelerator" in run(python, "-m", "image_classifier", "doctor")  # the image's default command
     assert "--max-batch-size" in run(python, "-m", "image_classifier", "serve", "--help")

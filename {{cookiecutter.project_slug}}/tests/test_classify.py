@@ -63,8 +63,8 @@ def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
-        (["--top-k=0"], "--top-k and --batch-size must be 1 or more, got 0 and 64"),
-        (["--batch-size=0"], "--top-k and --batch-size must be 1 or more, got 3 and 0"),
+        (["--top-k=0"], "--top-k must be 1 or more, got 0 (python -m"),
+        (["--batch-size=0"], "--batch-size must be 1 or more, got 0 (python -m"),
         (["--top-k=two"], "argument --top-k: invalid int value: 'two' (python -m"),
         (["--device=cuda:99"], "--device cuda:99: this machine has"),
         (["--device=gpu"], "--device gpu: Expected one of"),

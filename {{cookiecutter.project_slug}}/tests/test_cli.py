@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, command_env, on_data, refusal, run_cli, run_group
+from conftest import ON_CPU, command_env, on_data, refusal, run_cli, run_command, run_group
 from packaging.specifiers import SpecifierSet
 {%- if cookiecutter.logger == "tensorboard" %}
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -195,6 +195,9 @@ def test_a_mistyped_or_missing_command_lists_every_command_and_help_names_the_to
     printed = " ".join(capsys.readouterr().out.split())
     assert f"usage: python -m {cli.PACKAGE} " in printed
     assert f"each with its own --help: {', '.join(cli.TOOLS)}." in printed
+    for tool in cli.TOOLS:  # a usage line a user can copy and run
+        run_command(monkeypatch, tool, "--help")
+        assert capsys.readouterr().out.startswith(f"usage: python -m {cli.PACKAGE} {tool} "), tool
 
 
 def test_fit_loads_no_other_commands_code_nor_wandb():

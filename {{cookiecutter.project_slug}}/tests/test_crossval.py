@@ -105,6 +105,13 @@ def test_a_stopped_run_goes_on_only_with_the_options_it_was_started_with(
     assert last.read_bytes() == saved
 
 
+@pytest.mark.parametrize("folds", ["1", "0"])
+def test_fewer_than_two_folds_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, folds):
+    message = refusal(monkeypatch, capsys, "cv", f"--folds={folds}", *ON_CPU)
+    assert message.startswith(f"error: --folds must be 2 or more, got {folds} (python -m"), message
+    assert not Path("cv").exists()
+
+
 def test_a_call_that_trained_nothing_holds_its_folder_for_no_one(tmp_path):
     folder, runs = tmp_path / "seeds3", {"seed0": ["--seed_everything=0"]}
     crossval.check_same_options(folder, ["--data.augment", "trivial"], runs)  # refused by fit: nothing trained

@@ -1,6 +1,7 @@
 """`doctor --smoke`: the smoke test the project was generated with, rerun by the user."""
 
 import importlib.util
+import shlex
 import sys
 
 import yaml
@@ -52,12 +53,16 @@ def test_missing_gpus_fall_back_to_the_cpu_and_the_checkpoint_reloads(capsys, in
 def test_a_failing_step_names_its_command_and_the_fix(in_project_copy, tiny_shapes):
     broken = small_data(in_project_copy, tiny_shapes, data_dir=str(in_project_copy / "no-such-folder"))
     on_cpu = "--config=configs/trainer/cpu.yaml"  # whatever hardware the project was generated for
-    done = run_group([*DOCTOR_SMOKE, on_cpu, broken], 300, cwd=in_project_copy, env=command_env())
+    env = command_env()
+    done = run_group([*DOCTOR_SMOKE, on_cpu, broken], 300, cwd=in_project_copy, env=env)
     assert done.returncode == 1
     lines = done.stdout.splitlines()
     assert lines[-5] == "Failed: Smoke test 1/2: fast_dev_run (one batch of training and validation)"
-    # With the precision this CPU runs fast appended where the configured one would be emulated.
-    assert lines[-4].startswith(f"Command: {sys.executable} -m {{ cookiecutter.package_name }} fit {on_cpu} {broken} ")
+    # As it ran, to copy: with the PYTHONPATH that makes the package importable where it is not installed,
+    # and the precision this CPU runs fast appended where the configured one would be emulated.
+    command = f"PYTHONPATH={shlex.quote(env['PYTHONPATH'])} {sys.executable} -m {{ cookiecutter.package_name }} fit"
+    assert lines[-4].startswith(f"Command: {command} {on_cpu} {broken} "), lines[-4]
+    assert f"$ {command} {on_cpu} {broken} " in (in_project_copy / "runs/smoke-test/smoke.log").read_text()
     assert "--trainer.fast_dev_run=true" in lines[-4].split()
     assert lines[-3].startswith("Likely fix: the last line of the log says: error: ") and "no-such-folder" in lines[-3]
     assert lines[-1] == "smoke test failed"

@@ -165,10 +165,18 @@ def test_a_bad_search_space_is_refused_in_one_line_naming_the_key(monkeypatch, c
     assert not Path("sweeps").exists()  # refused before any trial
 
 
-@pytest.mark.parametrize("option", ["--prune-after-epochs=0", "--prune-after-trials=-2", "--stale-after=-5"])
-def test_wrong_pruning_and_staleness_numbers_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, option):
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("--trials=0", "--trials must be 1 or more, got 0"),
+        ("--prune-after-epochs=0", "--prune-after-epochs must be 1 or more, got 0"),
+        ("--prune-after-trials=-2", "--prune-after-trials must be 0 or more, got -2"),
+        ("--stale-after=-5", "--stale-after must be above 0, got -5"),
+    ],
+)
+def test_wrong_counts_and_staleness_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, option, expected):
     message = refusal(monkeypatch, capsys, "sweep", "configs/sweep.yaml", option, *ON_CPU)
-    assert "must be 0 or more, --prune-after-epochs 1 or more, and --stale-after above 0" in message, message
+    assert message.startswith(f"error: {expected} (python -m"), message
     assert not Path("sweeps").exists()
 
 

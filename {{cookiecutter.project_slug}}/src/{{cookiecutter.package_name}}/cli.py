@@ -160,7 +160,7 @@ def check_options_still_taken(ckpt_path: str) -> None:
     """Refuse, in one line, a checkpoint saved with model options that ImageClassifier no longer takes
     (renamed or removed since): Lightning would blame them on the command line, then add a line."""
     saved = saved_checkpoint(ckpt_path).get("hyper_parameters") or {}
-    taken = inspect.signature(ImageClassifier.__init__).parameters
+    taken = code_defaults(ImageClassifier)
     if gone := [f"model.{name}" for name in saved if name not in taken and not name.startswith("_")]:
         raise ConfigError(
             f"{ckpt_path} was saved with {', '.join(gone)}, which ImageClassifier no longer takes: its code changed "

@@ -35,8 +35,11 @@ class CommandParser(argparse.ArgumentParser):
     """The parser of a command outside LightningCLI (classify, export, ...), whose mistakes end as the
     CLI's do: in one line, `error: <message>`, rather than argparse's usage and then the message."""
 
+    def __init__(self, prog: str, **kwargs) -> None:
+        super().__init__(prog=f"python -m {prog}", **kwargs)  # so that --help's usage line runs as it is
+
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (python -m {self.prog} --help lists the arguments)")
+        raise ConfigError(f"{message} ({self.prog} --help lists the arguments)")
 
     def check_at_least(self, options: argparse.Namespace, least: dict[str, int]) -> None:
         """Refuse a count below its least, such as --steps 0, which would time or search nothing."""

@@ -67,8 +67,7 @@ def main(args: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     options = parser.parse_args(args)
-    if min(options.top_k, options.batch_size) < 1:
-        raise ConfigError(f"--top-k and --batch-size must be 1 or more, got {options.top_k} and {options.batch_size}")
+    parser.check_at_least(options, {"--top-k": 1, "--batch-size": 1})
     if options.output.is_dir():
         raise ConfigError(f"--output {options.output} is a folder: name the CSV file to write.")
     check_device(options.device)

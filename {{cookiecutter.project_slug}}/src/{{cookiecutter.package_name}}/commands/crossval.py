@@ -182,8 +182,7 @@ def main(args: list[str]) -> int:
         "--seeds", type=seed_list, help="seeds to train each fold with, as 0,1,2 (default: the configured one)"
     )
     options, cli_args = parser.parse_known_args(args)
-    if options.folds < 2:
-        raise ConfigError(f"--folds must be 2 or more, got {options.folds}")
+    parser.check_at_least(options, {"--folds": 2})
     name = options.name or f"folds{options.folds}" + (f"-seeds{len(options.seeds)}" if options.seeds else "")
     return run("cv", args, options.folds, options.seeds, name, options.gpus_per_trial, cli_args)
 

@@ -6,6 +6,7 @@ FALLBACK line says so. Each step is a command of its own, as a user runs it; the
 log that the summary names. Rerun it after changing configs, hardware or dependencies.
 """
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -37,11 +38,12 @@ class StepFailed(Exception):
 def smoke_test(facts: dict, trainer: dict, configs: list[Path]) -> int:
     """Run the two steps and print what ran where; 0 when both passed."""
     configured = from_trainer(trainer)
-    settings, fallback = runnable(configured, machine_of(facts))
+    machine = machine_of(facts)
+    settings, fallback = runnable(configured, machine)
     changed = [f.name for f in fields(settings) if getattr(settings, f.name) != getattr(configured, f.name)]
     changed_options = [f"--trainer.{key}={getattr(settings, key)}" for key in changed]
     options = [*(f"--config={path}" for path in configs), *changed_options]
-    device = DEVICES.get(target(settings, machine_of(facts)), f"accelerator {settings.accelerator}")
+    device = DEVICES.get(target(settings, machine), f"accelerator {settings.accelerator}")
     where = f"{device} (accelerator {settings.accelerator}, devices {settings.devices}, "
     where += f"strategy {settings.strategy}, precision {settings.precision})"
     fell_back = changed != ["precision"] and bool(changed)  # the hardware, not only fit's choice of precision
@@ -64,7 +66,7 @@ def smoke_test(facts: dict, trainer: dict, configs: list[Path]) -> int:
         )
     except StepFailed as failure:
         print(f"Failed: {failure.title}")
-        print(f"Command: {shlex.join(failure.command)}")
+        print(f"Command: {as_run(failure.command)}")
         print(f"Likely fix: the last line of the log says: {last_line(LOG.read_text())}")
         print(f"Full log: {LOG.resolve()}")
         print("smoke test failed")
@@ -99,10 +101,16 @@ def fit_and_reload(options: list[str]) -> Path:
 def step(title: str, command: list[str]) -> None:
     print(f"{title} ...", flush=True)
     with LOG.open("a") as log:
-        log.write(f"\n$ {shlex.join(command)}\n")
+        log.write(f"\n$ {as_run(command)}\n")
         log.flush()
         if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode:
             raise StepFailed(title, command)
+
+
+def as_run(command: list[str]) -> str:
+    """The command as it ran, to copy into a shell: with its PYTHONPATH (src/, where the project is not installed)."""
+    path = os.environ.get("PYTHONPATH")
+    return (f"PYTHONPATH={shlex.quote(path)} " if path else "") + shlex.join(command)
 
 
 def last_line(log: str) -> str:

@@ -314,13 +314,9 @@ def main(args: list[str]) -> int:
         help="seconds without a heartbeat after which a running trial is taken for dead (%(default)s)",
     )
     options, cli_args = parser.parse_known_args(args)
-    if options.trials < 1:
-        raise ConfigError(f"--trials must be 1 or more, got {options.trials}")
-    if options.prune_after_trials < 0 or options.prune_after_epochs < 1 or options.stale_after <= 0:
-        raise ConfigError(
-            f"--prune-after-trials must be 0 or more, --prune-after-epochs 1 or more, and --stale-after above 0; "
-            f"got {options.prune_after_trials}, {options.prune_after_epochs} and {options.stale_after:g}"
-        )
+    parser.check_at_least(options, {"--trials": 1, "--prune-after-trials": 0, "--prune-after-epochs": 1})
+    if options.stale_after <= 0:
+        parser.error(f"--stale-after must be above 0, got {options.stale_after:g}")
     name = options.study or options.space.stem
     folder = SWEEPS / name
     distributions = read_search_space(options.space, cli_args)  # checked once, before any trial or copy starts
