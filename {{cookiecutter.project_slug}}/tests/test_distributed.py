@@ -342,6 +342,42 @@ def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_co
     assert accuracy == pytest.approx(rank0["val"]["val/acc"], abs=1e-6)
 
 
+def test_an_fsdp2_run_resumed_mid_epoch_ends_as_the_uninterrupted_one(in_project_copy, tiny_shapes):
+    # FSDP and DeepSpeed read a checkpoint after their setup, by when the learning-rate schedule had
+    # asked for the training loader: the resumed epoch started over, training again on what it had seen.
+    fsdp2 = ["--config=configs/trainer/fsdp.yaml", *ON_CPU, "--trainer.devices=2", *data(tiny_shapes),
+             "--trainer.logger={{ cookiecutter.package_name }}.training.csv_logging.ResumableCSVLogger",
+             "--trainer.logger.name=dist", "--trainer.max_epochs=2", "--trainer.limit_val_batches=1",
+             "--trainer.deterministic=true"]  # fmt: skip
+    fit(in_project_copy, *fsdp2, "--trainer.logger.save_dir=whole")
+    sigterm = {"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 12}}  # epoch 1 of 9 steps each
+    stopped = run_group([sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *fsdp2,
+                         "--trainer.logger.save_dir=parts", f"--trainer.callbacks+={json.dumps(sigterm)}"],
+                        TIMEOUT, cwd=in_project_copy, env=command_env())  # fmt: skip
+    assert stopped.returncode == 143, stopped.stderr[-4000:]
+    fit(in_project_copy, *fsdp2, "--trainer.logger.save_dir=parts", "--ckpt_path=auto")
+    runs = {}
+    for name in ("whole", "parts"):
+        (sharded,) = (in_project_copy / name / "dist").glob("*/checkpoints/last.ckpt")
+        fit(in_project_copy, str(sharded), f"{name}.ckpt", command="consolidate")
+        runs[name] = torch.load(in_project_copy / f"{name}.ckpt", map_location="cpu", weights_only=True)
+    whole, parts = runs["whole"], runs["parts"]
+    assert whole["global_step"] == parts["global_step"] == 18
+    changed = [name for name, value in whole["state_dict"].items() if not torch.equal(value, parts["state_dict"][name])]
+    assert changed == []
+    # The interrupted epoch's numbers are over all of it, as the uninterrupted run logged them (a loss's
+    # float32 sums, rank 0's holding the part before the stop, add up in another order).
+    assert logged_epochs(in_project_copy / "parts") == pytest.approx(logged_epochs(in_project_copy / "whole"), rel=1e-6)
+
+
+def logged_epochs(folder: Path) -> dict[str, float]:
+    """The epochs' train/ and val/ numbers in a run's metrics.csv (not the steps' own), by name and epoch."""
+    (path,) = folder.glob("dist/*/metrics.csv")
+    return {f"{name} in epoch {row['epoch']}": float(value)
+            for row in csv.DictReader(path.open()) for name, value in row.items()
+            if value and name.startswith(("train/", "val/")) and not name.endswith("_step")}  # fmt: skip
+
+
 def test_a_sharded_last_checkpoint_killed_while_saving_stays_the_previous_one(in_project_copy, tiny_shapes):
     fsdp2 = ["--config=configs/trainer/fsdp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER, *SHORT,
              *data(tiny_shapes)]  # fmt: skip

@@ -41,7 +41,11 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--model.backbone=inception_v3", "--data.image_size=64"], "use --data.image_size 75."),
         (["--ckpt_path=last"], "--ckpt_path last: there is no */checkpoints/last.ckpt"),
         (["--data.data_dir=data/shpes", "--data.synthetic=true"], "Data folder data/shpes does not exist: fix"),
-        (["--ckpt_path=configs/default.yaml"], "configs/default.yaml is not a Lightning checkpoint"),
+        (
+            ["--ckpt_path=configs/default.yaml"],
+            "configs/default.yaml is not a Lightning checkpoint: point --ckpt_path "
+            "at a .ckpt file that training wrote (runs/<project>/<run>/checkpoints/).",
+        ),
         (["--data.batch_size=many"], "error: --data.batch_size: many is not a whole number"),
         (["--trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches must be 1 or more, got 0"),
         # Lightning's would replace the model's optimizer setup whole, or be ignored.

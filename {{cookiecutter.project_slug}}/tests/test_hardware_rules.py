@@ -91,6 +91,15 @@ def test_rules(settings, machine_name, said):
     assert (said in found[0].what) if said else found == [], found
 
 
+def test_a_multi_process_preset_without_gpus_says_how_to_try_it_in_cpu_processes():
+    machine = checks.machine_of(MACHINES["cpu only"])
+    fixes = [problem.fix for problem in problems(Settings("gpu", "auto", "DDPStrategy", "bf16-mixed"), machine)]
+    assert any(fix.endswith("two CPU processes, --trainer.accelerator cpu --trainer.devices 2)") for fix in fixes)
+    assert problems(Settings("cpu", 2, "DDPStrategy", "bf16-mixed"), machine) == []  # the fix runs
+    fixes = [problem.fix for problem in problems(Settings("gpu", 1, "auto", "bf16-mixed"), machine)]
+    assert fixes and not any("CPU processes" in fix for fix in fixes)
+
+
 def test_too_many_devices_fall_back_to_the_gpus_there_are():
     machine = checks.machine_of(MACHINES["one v100"])
     ran, why = runnable(Settings("gpu", 4, "DDPStrategy", "16-mixed"), machine)

@@ -1,6 +1,7 @@
 """Resume, preemption and interrupted writes: a run loses at most the work since its last checkpoint."""
 
 import csv
+import importlib
 import json
 import math
 import os
@@ -681,6 +682,42 @@ def test_the_run_a_loggers_version_names_is_the_one_evaluated(tmp_path):
     assert resume.chosen_runs(csv_logger(tmp_path, 0)) == runs / "version_0"
     assert resume.chosen_runs(csv_logger(tmp_path, "a1b2c3")) == runs / "a1b2c3"
     assert resume.chosen_runs(csv_logger(tmp_path, None)) == resume.chosen_runs(csv_logger(tmp_path, "gone")) == runs
+
+
+@pytest.mark.parametrize(
+    ("class_path", "init_args"),
+    [
+        ("lightning.pytorch.loggers.CSVLogger", {}),
+        ("lightning.pytorch.loggers.CSVLogger", {"name": None}),
+        ("lightning.pytorch.loggers.CSVLogger", {"name": ""}),
+        ("lightning.pytorch.loggers.TensorBoardLogger", {"name": None}),
+        ("lightning.pytorch.loggers.TensorBoardLogger", {"name": "mine"}),
+        ("lightning.pytorch.loggers.WandbLogger", {"project": None}),
+        ("lightning.pytorch.loggers.WandbLogger", {"project": "mine"}),
+    ],
+)
+def test_the_runs_are_looked_for_where_the_logger_puts_them(monkeypatch, tmp_path, class_path, init_args):
+    monkeypatch.setenv("WANDB_PROJECT", "from-environment")  # W&B's project where none is given
+    module, _, name = class_path.rpartition(".")
+    logger = getattr(importlib.import_module(module), name)(save_dir=str(tmp_path), **init_args)
+    # Where ModelCheckpoint puts a run's checkpoints: <save_dir>/<name>/<version>/checkpoints.
+    where = Path(logger.save_dir) / str(logger.name)
+    configured = Namespace(class_path=class_path, init_args=Namespace(save_dir=str(tmp_path), **init_args))
+    assert resume.run_root(configured) == where
+
+
+def test_a_run_whose_logger_has_no_name_is_resumed_in_its_own_folder(monkeypatch, in_project_copy, tiny_shapes):
+    # A null name (as W&B's run name is carried over when the command line switches to CSV) puts the
+    # runs in save_dir itself: `auto` looked in save_dir/lightning_logs and started a new run.
+    logger = ["--trainer.logger=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir=runs/flat",
+              "--trainer.logger.name=null"]  # fmt: skip
+    fit = ["fit", *ON_CPU, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1", *logger]
+    run_command(monkeypatch, *fit, f"--trainer.callbacks+={SIGTERM_AT_STEP_2}", status=143)
+    (last,) = in_project_copy.glob("runs/flat/*/checkpoints/last.ckpt")
+    assert saved_step(last) == 3
+    run_cli(monkeypatch, *fit, "--ckpt_path=auto")
+    assert list(in_project_copy.glob("runs/flat/*/checkpoints/last.ckpt")) == [last]
+    assert saved_step(last) == STEPS_PER_EPOCH
 
 
 def test_auto_without_a_run_starts_a_new_one(monkeypatch, in_project_copy, tiny_shapes):

@@ -1,5 +1,5 @@
 """`serve`: what it refuses and why, then real servers in their own processes, over HTTP on
-127.0.0.1, answering as `classify` does, under concurrency, and draining on SIGTERM."""
+127.0.0.1, answering as `classify` does, under concurrency, and draining on SIGTERM and Ctrl-C."""
 
 import asyncio
 import base64
@@ -146,11 +146,11 @@ def post(port: int, body: bytes, content_type: str | None) -> tuple[int, dict]:
         return error.code, json.load(error)
 
 
-def start_server(groups, model: Path, *options: str) -> tuple[subprocess.Popen, int]:
+def start_server(groups, model: Path, *options: str, **popen) -> tuple[subprocess.Popen, int]:
     port = free_port()
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "serve", f"--model={model}", f"--port={port}",
                "--device=cpu", *options]  # fmt: skip
-    server = groups(command, env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = groups(command, env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -281,11 +281,13 @@ def test_a_server_of_the_onnx_export_answers_the_same_and_drains_on_sigterm(
     assert "SIGTERM: answering the requests in flight" in server.stdout.read()
 
 
-def test_sigterm_to_its_group_in_a_burst_answers_every_connection_it_took_and_refuses_the_rest(
-    groups, model, tiny_shapes
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_to_its_group_in_a_burst_answers_every_connection_it_took_and_refuses_the_rest(
+    groups, model, tiny_shapes, stop
 ):
-    # `timeout` or a terminal signals the server and all its processes at once; the server alone
-    # (docker stop) takes the same path, with the helpers' part left out.
+    # `timeout` or a terminal (Ctrl-C) signals the server and all its processes at once; the server
+    # alone (docker stop) takes the same path, with the helpers' part left out. Ctrl-C had the HTTP
+    # process stop on its own, closing connections it had taken.
     server, port = start_server(groups, model)
     image = sorted((tiny_shapes / "test").rglob("*.png"))[0].read_bytes()
     outcomes, stopping = [], threading.Event()
@@ -311,7 +313,7 @@ def test_sigterm_to_its_group_in_a_burst_answers_every_connection_it_took_and_re
     for thread in clients:
         thread.start()
     time.sleep(1.5)
-    os.killpg(server.pid, signal.SIGTERM)
+    os.killpg(server.pid, stop)
     sent = time.monotonic()
     status = server.wait(timeout=60)
     exited = time.monotonic() - sent
@@ -325,6 +327,18 @@ def test_sigterm_to_its_group_in_a_burst_answers_every_connection_it_took_and_re
     assert warnings_in(output) == [], "a warning not on test_warnings.py's allow-list"
 
 
+def test_a_server_started_with_ctrl_c_ignored_serves_on_through_one(groups, model):
+    # As a script's `serve &` starts it: its HTTP process ended on a Ctrl-C to the group, and the
+    # server stayed up with nothing answering.
+    server, port = start_server(groups, model, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    os.killpg(server.pid, signal.SIGINT)
+    time.sleep(2)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as answer:
+        assert answer.read() == b"ok"
+    os.killpg(server.pid, signal.SIGTERM)
+    assert server.wait(timeout=60) == 0, server.stdout.read()[-3000:]
+
+
 def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "litserve", None)
     monkeypatch.delitem(sys.modules, "{{ cookiecutter.package_name }}.commands.serve", raising=False)
@@ -335,7 +349,11 @@ def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):
 @pytest.mark.parametrize(
     ("given", "reason"),
     [
-        (["--model=notes.txt"], "notes.txt is not a Lightning checkpoint"),
+        (
+            ["--model=notes.txt"],
+            "notes.txt is not a Lightning checkpoint: point --model at a .ckpt file that training "
+            "wrote (runs/<project>/<run>/checkpoints/) or at an .onnx export.",
+        ),
         (["--model=broken.onnx"], "broken.onnx is not an ONNX model onnxruntime can run"),
         ([], "No checkpoint under .: train a model first, or pass --model."),  # no configs here to place runs
         (["--devices=two"], "--devices two: give a number of GPUs"),

@@ -190,6 +190,7 @@ class ImageDataModule(L.LightningDataModule):
         self._class_names: list[str] | None = None
         self._epoch_position: dict | None = None  # where a resumed run's interrupted epoch goes on
         self._resumed_epoch: int | None = None  # the epoch a resumed run trains first
+        self._train_loader: DataLoader | None = None  # the newest, which a checkpoint read later resumes
         self.train_set = self.val_set = self.test_set = None
         self._splits_checked = False
         self.predicted_split: str | None = None  # "test", or "val" without a test split
@@ -315,7 +316,6 @@ class ImageDataModule(L.LightningDataModule):
         return share > self.batch_size and share % self.batch_size < max(2, self.batch_size / 2)
 
     def train_dataloader(self) -> DataLoader:
-        position, self._epoch_position = self._epoch_position, None
         shards = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
         seed = run_seed()
         if self.hparams.balanced_sampling:
@@ -328,15 +328,28 @@ class ImageDataModule(L.LightningDataModule):
         # Lightning gives the sampler its epoch only after making the loader's first iterator, which
         # data workers draw from at once, and on a resumed run before restoring its loop's epoch: that
         # run's first epoch would take epoch 0's order.
+        sampler.set_epoch(self._next_epoch())
+        self._train_loader = self._loader(self.train_set, sampler=sampler, drop_last=self._drop_last(len(sampler)))
+        self._resume_train_epoch()
+        return self._train_loader
+
+    def _resume_train_epoch(self) -> None:
+        """Give the training sampler a resumed run's epoch and its place in it, once both the sampler
+        and the checkpoint's state are here: most strategies read the checkpoint before the loader is
+        made, FSDP and DeepSpeed after their setup, by when the learning-rate schedule has asked for it."""
+        if self._train_loader is None:
+            return
+        sampler = self._train_loader.sampler
         epoch, self._resumed_epoch = self._resumed_epoch, None
-        sampler.set_epoch(self._next_epoch() if epoch is None else epoch)
+        if epoch is not None:
+            sampler.set_epoch(epoch)
+        position, self._epoch_position = self._epoch_position, None
         if position is not None:
             saved = {"processes": position["processes"], "batch_size": position["batch_size"]}
             if changed := changed_settings(saved, {"processes": sampler.num_replicas, "batch_size": self.batch_size}):
                 rank_zero_warn(epoch_restarts(changed))
             else:
                 sampler.resume_at(position["epoch"], position["batches"] * self.batch_size)
-        return self._loader(self.train_set, sampler=sampler, drop_last=self._drop_last(len(sampler)))
 
     def val_dataloader(self) -> DataLoader:
         return self._evaluation_loader(self.val_set)
@@ -435,6 +448,7 @@ class ImageDataModule(L.LightningDataModule):
         self._resumed_epoch = state_dict.get("sampler_epoch")
         position = state_dict.get("epoch_position")
         self._epoch_position = position if position and position["format"] == self.data_format else None
+        self._resume_train_epoch()
         trained = saved_preprocessing(state_dict, self.preprocessing.image_size)
         if trained != self.preprocessing:
             rank_zero_info(
@@ -549,15 +563,22 @@ class StreamingDataModule(ImageDataModule):
         return []  # the shards' splits, which `shard` made and reported
 
     def train_dataloader(self) -> DataLoader:
-        from .datasets.streaming import resume_position
-
-        position, self._epoch_position = self._epoch_position, None
         # LitData evens out the processes' shares by dropping each one's last batch, whatever its length.
         share = sum(self.train_class_counts()) // (self.trainer.world_size if self.trainer is not None else 1)
-        loader = self._loader(self.train_set, drop_last=share > self.batch_size)
+        self._train_loader = self._loader(self.train_set, drop_last=share > self.batch_size)
+        self._resume_train_epoch()
+        return self._train_loader
+
+    def _resume_train_epoch(self) -> None:
+        """Continue a resumed run's interrupted epoch, once both the loader and the checkpoint's state
+        are here (see ImageDataModule._resume_train_epoch)."""
+        from .datasets.streaming import resume_position
+
+        if self._train_loader is None:
+            return
+        position, self._epoch_position = self._epoch_position, None
         if position is not None:
-            resume_position(loader, position["loader"])
-        return loader
+            resume_position(self._train_loader, position["loader"])
 
     @property
     def _has_test_split(self) -> bool:

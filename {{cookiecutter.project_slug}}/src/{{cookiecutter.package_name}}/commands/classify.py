@@ -73,7 +73,7 @@ def main(args: list[str]) -> int:
     check_device(options.device)
 
     if options.checkpoint is not None and options.checkpoint.suffix != ".onnx":
-        check_checkpoint(str(options.checkpoint), "--checkpoint")
+        check_checkpoint(str(options.checkpoint), "--checkpoint", takes_onnx=True)
     checkpoint = options.checkpoint or best_checkpoint(options.runs or configured_runs(), "--checkpoint")
     paths = image_files(options.images)
     predictor = Predictor(checkpoint).load(options.device)

@@ -141,14 +141,16 @@ async def error_as_json(request: Request, error: HTTPException) -> JSONResponse:
     return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
 
 
-def stop_on_sigterm(port: int):
+def stop_on_signal(port: int):
     """LitServe stops on KeyboardInterrupt by letting its HTTP servers answer the requests in flight
-    before it stops the model's workers: SIGTERM (docker stop, Kubernetes, Slurm) takes that path,
-    once the connections the kernel had already accepted are taken and their requests read."""
+    before it stops the model's workers: SIGTERM (docker stop, Kubernetes, Slurm) and Ctrl-C take that
+    path, once the connections the kernel had already accepted are taken and their requests read."""
 
     def stop(signum: int, frame) -> None:
-        print("SIGTERM: answering the requests in flight, then stopping.", flush=True)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the drain short
+        said = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        print(f"{said}: answering the requests in flight, then stopping.", flush=True)
+        for each in STOPS:  # a second one (or the other) must not cut the drain short
+            signal.signal(each, signal.SIG_IGN)
         listener = stop_taking_connections(port)
         if listener is not None:
             with listener:
@@ -159,6 +161,8 @@ def stop_on_sigterm(port: int):
     return stop
 
 
+# The signals that stop the server the same way: SIGTERM, and Ctrl-C's SIGINT.
+STOPS = (signal.SIGTERM, signal.SIGINT)
 # uvicorn closes a connection with no request yet when it stops: one just taken gets this long to send it.
 REQUEST_ARRIVAL = 0.5
 DROP_EVERY_PACKET = struct.pack("HBBI", 0x06, 0, 0, 0)  # a classic BPF program of one instruction, "ret #0"
@@ -251,7 +255,7 @@ def main(args: list[str]) -> int:
     devices = check_devices(options.device, options.devices)
     check_port(options.host, options.port)
     if options.model is not None and options.model.suffix != ".onnx":
-        check_checkpoint(str(options.model), "--model")
+        check_checkpoint(str(options.model), "--model", takes_onnx=True)
 
     predictor = Predictor(options.model or best_checkpoint(options.runs or configured_runs(), "--model"))
     api = ClassifierAPI(predictor, options.top_k, options.max_batch_size, options.batch_timeout)
@@ -263,7 +267,10 @@ def main(args: list[str]) -> int:
     server.app.state.predictor = predictor
     server.app.state.limits = Limits(options.max_request_bytes, options.max_image_bytes, options.max_pixels)
     server.app.add_exception_handler(HTTPException, error_as_json)
-    signal.signal(signal.SIGTERM, stop_on_sigterm(options.port))
+    for each in STOPS:
+        # A SIGINT ignored from the start (a server started with & by a script) stays ignored.
+        if signal.getsignal(each) is not signal.SIG_IGN:
+            signal.signal(each, stop_on_signal(options.port))
     server_pid = os.getpid()
     os.register_at_fork(after_in_child=lambda: in_each_forked_child(server_pid))
     placed = ", ".join(str(group[0] if isinstance(group, list) else group) for group in server.devices)

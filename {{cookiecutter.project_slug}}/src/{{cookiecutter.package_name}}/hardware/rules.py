@@ -147,10 +147,10 @@ def problems(settings: Settings, machine: Machine | None = None) -> list[Problem
 
     if settings.accelerator in ("gpu", "cuda") and where is None:
         fix = "check nvidia-smi and CUDA_VISIBLE_DEVICES" if machine.cuda_build else "install torch with CUDA"
-        found.append(Problem(
-            f"accelerator {settings.accelerator}, but no CUDA GPU is visible",
-            f"{fix}, or use --config configs/trainer/cpu.yaml",
-        ))  # fmt: skip
+        fix += ", or use --config configs/trainer/cpu.yaml"
+        if strategy in MULTI_PROCESS - set(CUDA_ONLY):  # they run as CPU processes too, one per device
+            fix += " (or, to try this preset in two CPU processes, --trainer.accelerator cpu --trainer.devices 2)"
+        found.append(Problem(f"accelerator {settings.accelerator}, but no CUDA GPU is visible", fix))
     elif settings.accelerator == "mps" and not machine.mps:
         found.append(Problem("accelerator mps, but Apple's MPS backend is not available",
                              "use --config configs/trainer/cpu.yaml"))  # fmt: skip

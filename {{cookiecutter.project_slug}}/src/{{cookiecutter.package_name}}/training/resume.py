@@ -371,9 +371,10 @@ def run_of(ckpt_path: str | None, logger: Namespace | None) -> str | None:
     return checkpoints.parent.name if in_a_run else None
 
 
-def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None:
+def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path", takes_onnx: bool = False) -> None:
     """Refuse a --ckpt_path that is no checkpoint, before anything reads it: torch.load would fail
-    with an error that names neither (`KeyError: 101`, `Unsupported operand 35`)."""
+    with an error that names neither (`KeyError: 101`, `Unsupported operand 35`). `takes_onnx`: the
+    command also takes an .onnx export (checked where it is read)."""
     words = (*RESUME_WORDS, *LIGHTNING_WORDS)
     if ckpt_path is None or ckpt_path in words or str(ckpt_path).startswith("registry:") or is_remote(ckpt_path):
         return  # Lightning's words, and remote files (s3://...) that Lightning reads through fsspec
@@ -387,7 +388,7 @@ def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None
     if not zipfile.is_zipfile(path) or "state_dict" not in _checkpoint_keys(path):
         raise DataError(
             f"{path} is not a Lightning checkpoint: point {option} at a .ckpt file that training wrote "
-            "(runs/<project>/<run>/checkpoints/)."
+            "(runs/<project>/<run>/checkpoints/)" + (" or at an .onnx export." if takes_onnx else ".")
         )
 
 
@@ -441,5 +442,8 @@ def chosen_runs(logger: Namespace) -> Path:
 def run_root(logger: Namespace) -> Path:
     """The folder that holds `logger`'s run folders."""
     args = logger.init_args
-    name = args.get("project") if logger.class_path.endswith("WandbLogger") else args.get("name")
-    return Path(args.get("save_dir") or ".") / (name or "lightning_logs")
+    if logger.class_path.endswith("WandbLogger"):
+        name = args.get("project") or os.environ.get("WANDB_PROJECT", "lightning_logs")
+    else:  # CSV and TensorBoard: a name given as null or "" (or carried over from W&B's) puts the runs in save_dir
+        name = args.get("name", "lightning_logs") or ""
+    return Path(args.get("save_dir") or ".") / name

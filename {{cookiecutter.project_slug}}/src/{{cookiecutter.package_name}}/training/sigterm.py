@@ -15,12 +15,13 @@ def leave_to(owner: int) -> None:
     without ending it (killed outright) ends within a second. Linux only: elsewhere helpers start by
     spawn and keep the default."""
     # Ctrl-C, which a terminal sends the whole group, is the owner's alone: a worker it ended would
-    # fail the step the owner finishes before it saves (CheckpointOnStop).
+    # fail the step the owner finishes before it saves (CheckpointOnStop), an HTTP server the requests
+    # it had taken. Blocked below too, as a library may set a handler of its own (uvicorn does).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not hasattr(signal, "sigtimedwait"):
         return
     # Threads started from here on inherit the mask; one started before would take the signal itself.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     args = (owner, os.getppid())
     threading.Thread(target=_end_on_sigterm_from, args=args, name="sigterm-watch", daemon=True).start()
 
@@ -65,8 +66,8 @@ def _end_on_sigterm_from(owner: int, parent: int) -> None:
     # when it is ready. Unless the owner has ended without doing so (killed outright, or by that
     # SIGTERM with no handler of its own): looked at each second, as nothing else would end it.
     while not owner_gone(owner, parent):
-        received = signal.sigtimedwait({signal.SIGTERM}, 1.0)
-        if received is not None and received.si_pid == owner:
+        received = signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, 1.0)  # a Ctrl-C is dropped
+        if received is not None and received.si_signo == signal.SIGTERM and received.si_pid == owner:
             break
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         os._exit(0)  # status 0: a DataLoader counts a worker killed by a signal as a crash
