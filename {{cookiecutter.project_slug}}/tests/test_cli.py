@@ -2,6 +2,7 @@ import ast
 import csv
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -210,6 +211,42 @@ def test_fit_loads_no_other_commands_code_nor_wandb():
     tools = {f"commands.{module.partition(':')[0]}" for module in TOOLS.values()}
     assert {"cli", "training.callbacks"} <= imported and "commands" not in imported, imported & tools
     assert not re.search(r"\|\s+wandb\s*$", done.stderr, re.MULTILINE), "wandb imported to parse"
+
+
+# Started in every process on its PYTHONPATH: an exit hook, and a thread that works once the program has ended.
+AT_EXIT = """
+import atexit, os, threading
+folder = os.environ["EXIT_MARKS"]
+mark = lambda name: open(os.path.join(folder, name), "w").close()
+atexit.register(mark, "hook")
+threading.Thread(target=lambda: (threading.main_thread().join(), mark("thread"))).start()
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "last_line"),
+    [
+        (["fit", "--help"], 0, "stdout"),
+        (["fit", "--data.batch_size=0"], 1, "error: data.batch_size must be 1 or more, got 0"),
+        (["fitt"], 2, "error: 'fitt' is no command"),
+    ],
+)
+def test_a_command_ends_without_pythons_teardown_but_with_all_that_comes_before_it(tmp_path, args, status, last_line):
+    # __main__ ends the process before Python frees its modules (a second, with torch): the exit status,
+    # every line printed (into a pipe, which holds them in a buffer), the threads and exit hooks stay.
+    (tmp_path / "sitecustomize.py").write_text(AT_EXIT)
+    env = command_env(EXIT_MARKS=str(tmp_path))
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    done = subprocess.run([sys.executable, "-m", "{{ cookiecutter.package_name }}", *args], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == status, done.stderr[-3000:]
+    if last_line == "stdout":  # --help: the whole of it, to its last line
+        with_help = subprocess.run([sys.executable, "-c", "from {{ cookiecutter.package_name }}.cli import main; main()",
+                                    *args], capture_output=True, text=True, env=command_env(), timeout=300)  # fmt: skip
+        assert done.stdout == with_help.stdout and len(done.stdout.splitlines()) > 100
+    else:
+        assert done.stderr.splitlines()[-1].startswith(last_line), done.stderr[-3000:]
+    assert (tmp_path / "hook").is_file() and (tmp_path / "thread").is_file()
 
 
 def test_the_package_imports_form_no_cycle():
