@@ -213,13 +213,16 @@ def test_fit_loads_no_other_commands_code_nor_wandb():
     assert not re.search(r"\|\s+wandb\s*$", done.stderr, re.MULTILINE), "wandb imported to parse"
 
 
-# Started in every process on its PYTHONPATH: an exit hook, and a thread that works once the program has ended.
+# Started in every process on its PYTHONPATH: an exit hook, a thread that works once the program has
+# ended, and a file written but never closed.
 AT_EXIT = """
 import atexit, os, threading
 folder = os.environ["EXIT_MARKS"]
 mark = lambda name: open(os.path.join(folder, name), "w").close()
 atexit.register(mark, "hook")
 threading.Thread(target=lambda: (threading.main_thread().join(), mark("thread"))).start()
+unclosed = open(os.path.join(folder, "unclosed"), "w")
+unclosed.write("written")
 """
 
 
@@ -247,6 +250,7 @@ def test_a_command_ends_without_pythons_teardown_but_with_all_that_comes_before_
     else:
         assert done.stderr.splitlines()[-1].startswith(last_line), done.stderr[-3000:]
     assert (tmp_path / "hook").is_file() and (tmp_path / "thread").is_file()
+    assert (tmp_path / "unclosed").read_text() == "written"
 
 
 def test_the_package_imports_form_no_cycle():

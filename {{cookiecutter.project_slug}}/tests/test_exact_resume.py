@@ -7,6 +7,7 @@ the next unseen image, which sees every image once an epoch across the two runs.
 import contextlib
 import csv
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -262,18 +263,24 @@ def test_a_preempted_run_resumes_at_the_next_unseen_image(in_project_copy, reque
 
 
 def test_a_resume_with_other_settings_starts_the_epoch_again_with_a_warning(tiny_shapes):
-    def resumed(position: dict, loader_first: bool) -> int:
+    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=4)
+
+    def resumed(position: dict, loader_first: bool, reloaded: bool) -> int:
         """The images left in the epoch of a loader made before the checkpoint is read (FSDP and DeepSpeed
-        read it after their setup, by when the schedule has asked for the loader), or after (the others)."""
-        data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=4)
+        read it after their setup, by when the schedule has asked for the loader) or after (the others),
+        or of the loader trainer.reload_dataloaders_every_n_epochs makes as the resumed epoch starts."""
         data.setup("fit")
         loader = data.train_dataloader() if loader_first else None
         data.load_state_dict({"class_names": data.class_names, "epoch_position": position})
-        return len(list((loader or data.train_dataloader()).sampler))
+        loader = loader or data.train_dataloader()
+        return len(list((data.train_dataloader() if reloaded else loader).sampler))
 
     position = {"format": "folder", "epoch": 0, "batches": 3, "processes": 2, "batch_size": 4}
-    for loader_first in (False, True):
+    for loader_first, reloaded in itertools.product((False, True), repeat=2):
         with pytest.warns(UserWarning, match=r"processes 2 -> 1\): it starts again"):
-            assert resumed(position, loader_first) == 72
+            assert resumed(position, loader_first, reloaded) == 72
         # The images of 3 batches were trained on.
-        assert resumed(position | {"processes": 1}, loader_first) == 72 - 3 * 4
+        assert resumed(position | {"processes": 1}, loader_first, reloaded) == 72 - 3 * 4
+    # The next fit of the same data module (a notebook's) starts its epoch afresh.
+    data.setup("fit")
+    assert len(list(data.train_dataloader().sampler)) == 72

@@ -93,9 +93,11 @@ def test_rules(settings, machine_name, said):
 
 def test_a_multi_process_preset_without_gpus_says_how_to_try_it_in_cpu_processes():
     machine = checks.machine_of(MACHINES["cpu only"])
-    fixes = [problem.fix for problem in problems(Settings("gpu", "auto", "DDPStrategy", "bf16-mixed"), machine)]
-    assert any(fix.endswith("two CPU processes, --trainer.accelerator cpu --trainer.devices 2)") for fix in fixes)
-    assert problems(Settings("cpu", 2, "DDPStrategy", "bf16-mixed"), machine) == []  # the fix runs
+    cpu_processes = "two CPU processes, --trainer.accelerator cpu --trainer.devices 2 --trainer.precision 32-true)"
+    for precision in ("bf16-mixed", "16-mixed"):
+        fixes = [problem.fix for problem in problems(Settings("gpu", "auto", "DDPStrategy", precision), machine)]
+        assert any(fix.endswith(cpu_processes) for fix in fixes), fixes
+    assert problems(Settings("cpu", 2, "DDPStrategy", "32-true"), machine) == []  # the fix runs
     fixes = [problem.fix for problem in problems(Settings("gpu", 1, "auto", "bf16-mixed"), machine)]
     assert fixes and not any("CPU processes" in fix for fix in fixes)
 

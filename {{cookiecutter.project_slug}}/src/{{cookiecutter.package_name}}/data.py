@@ -232,6 +232,8 @@ class ImageDataModule(L.LightningDataModule):
             self._make_splits(stage)
         self._splits_checked = False
         if stage == "fit":
+            # A checkpoint is read after this, if at all: what a previous fit of this data module read is not ours.
+            self._train_loader, self._epoch_position, self._resumed_epoch = None, None, None
             rank_zero_info(self.describe_splits())
             if warning := imbalance_warning(self.train_class_counts(), self.class_names):
                 rank_zero_warn(warning)
@@ -343,12 +345,14 @@ class ImageDataModule(L.LightningDataModule):
         epoch, self._resumed_epoch = self._resumed_epoch, None
         if epoch is not None:
             sampler.set_epoch(epoch)
-        position, self._epoch_position = self._epoch_position, None
-        if position is not None:
+        if (position := self._epoch_position) is not None:
             saved = {"processes": position["processes"], "batch_size": position["batch_size"]}
             if changed := changed_settings(saved, {"processes": sampler.num_replicas, "batch_size": self.batch_size}):
                 rank_zero_warn(epoch_restarts(changed))
+                self._epoch_position = None
             else:
+                # Kept for a loader made later in this fit (trainer.reload_dataloaders_every_n_epochs makes
+                # one as the resumed epoch starts): a sampler skips in that epoch only.
                 sampler.resume_at(position["epoch"], position["batches"] * self.batch_size)
 
     def val_dataloader(self) -> DataLoader:

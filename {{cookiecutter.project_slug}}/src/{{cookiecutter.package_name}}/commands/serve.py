@@ -268,8 +268,8 @@ def main(args: list[str]) -> int:
     server.app.state.limits = Limits(options.max_request_bytes, options.max_image_bytes, options.max_pixels)
     server.app.add_exception_handler(HTTPException, error_as_json)
     for each in STOPS:
-        # A SIGINT ignored from the start (a server started with & by a script) stays ignored.
-        if signal.getsignal(each) is not signal.SIG_IGN:
+        # A Ctrl-C ignored from the start (a server started with & by a script) stays ignored.
+        if each != signal.SIGINT or signal.getsignal(each) is not signal.SIG_IGN:
             signal.signal(each, stop_on_signal(options.port))
     server_pid = os.getpid()
     os.register_at_fork(after_in_child=lambda: in_each_forked_child(server_pid))

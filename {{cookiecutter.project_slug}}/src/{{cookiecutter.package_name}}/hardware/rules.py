@@ -149,7 +149,8 @@ def problems(settings: Settings, machine: Machine | None = None) -> list[Problem
         fix = "check nvidia-smi and CUDA_VISIBLE_DEVICES" if machine.cuda_build else "install torch with CUDA"
         fix += ", or use --config configs/trainer/cpu.yaml"
         if strategy in MULTI_PROCESS - set(CUDA_ONLY):  # they run as CPU processes too, one per device
-            fix += " (or, to try this preset in two CPU processes, --trainer.accelerator cpu --trainer.devices 2)"
+            fix += " (or, to try this preset in two CPU processes, --trainer.accelerator cpu --trainer.devices 2"
+            fix += " --trainer.precision 32-true)"
         found.append(Problem(f"accelerator {settings.accelerator}, but no CUDA GPU is visible", fix))
     elif settings.accelerator == "mps" and not machine.mps:
         found.append(Problem("accelerator mps, but Apple's MPS backend is not available",
