@@ -267,10 +267,10 @@ def main(args: list[str]) -> int:
     server.app.state.predictor = predictor
     server.app.state.limits = Limits(options.max_request_bytes, options.max_image_bytes, options.max_pixels)
     server.app.add_exception_handler(HTTPException, error_as_json)
-    for each in STOPS:
-        # A Ctrl-C ignored from the start (a server started with & by a script) stays ignored.
-        if each != signal.SIGINT or signal.getsignal(each) is not signal.SIG_IGN:
-            signal.signal(each, stop_on_signal(options.port))
+    stop = stop_on_signal(options.port)
+    signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored from the start (`serve &` in a script): kept so
+        signal.signal(signal.SIGINT, stop)
     server_pid = os.getpid()
     os.register_at_fork(after_in_child=lambda: in_each_forked_child(server_pid))
     placed = ", ".join(str(group[0] if isinstance(group, list) else group) for group in server.devices)
