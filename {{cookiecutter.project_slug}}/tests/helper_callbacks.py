@@ -181,6 +181,20 @@ class CrashAt(L.Callback):
             raise SystemError(f"crashed at step {self.step}")
 
 
+class UnreadableAt(L.Callback):
+    """Fail this process (or only the one of this global rank) at a training step as an image that
+    cannot be read fails it under `data.bad_images: error`."""
+
+    def __init__(self, step: int, rank: int | None = None) -> None:
+        self.step, self.rank = step, rank
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if self.rank in (None, trainer.global_rank) and trainer.global_step == self.step:
+            from {{ cookiecutter.package_name }}.datasets.images import UnreadableImageError
+
+            raise UnreadableImageError(f"Cannot read the image broken.png in process {trainer.global_rank}")
+
+
 class KillWhileSavingLast(L.Callback):
     """SIGKILL this process in the middle of a save of a sharded last.ckpt (torch's distributed
     checkpoint), once its shards are written and before their index is, as SLURM's KILL at the end

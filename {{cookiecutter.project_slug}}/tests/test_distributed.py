@@ -302,6 +302,24 @@ def test_a_process_whose_launcher_is_killed_stops_at_once(in_project_copy, tiny_
     assert "local rank 0, which started this process, (pid" in launcher.stderr.read()
 
 
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_process_that_fails_is_told_once_and_the_others_say_why_they_stopped(in_project_copy, tiny_shapes, failing):
+    # The other process learns of it in its next collective, from gloo's closed connection.
+    unreadable = json.dumps({"class_path": "helper_callbacks.UnreadableAt", "init_args": {"step": 2, "rank": failing}})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", "--config=configs/trainer/ddp.yaml",
+               *ON_CPU, "--trainer.devices=2", "--trainer.max_epochs=1", *CSV_LOGGER, *data(tiny_shapes),
+               f"--trainer.callbacks+={unreadable}"]  # fmt: skip
+    result = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors[0] == f"error: Cannot read the image broken.png in process {failing}", errors
+    stopped = (f"error: process {1 - failing} of 2 stopped: another process of this run ended first (its error is "
+               "above; a process that printed none was killed, by a signal or for lack of memory)")  # fmt: skip
+    # Lightning's launcher may end the other first, when rank 1 fails: that one then says nothing.
+    assert errors[1:] in ([], [stopped]), errors
+
+
 def test_a_hung_process_ends_the_run_after_the_collective_timeout(in_project_copy, tiny_shapes):
     # Rank 0 hangs at a step; rank 1 waits for it at its next gradient all-reduce for the preset's
     # timeout (here 15 s), fails, and Lightning's launcher then ends rank 0.
@@ -312,8 +330,10 @@ def test_a_hung_process_ends_the_run_after_the_collective_timeout(in_project_cop
     result = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
     assert result.returncode != 0
     assert time.monotonic() - started < 100, "the run outlived the hung process's 120 s hold"
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]
     # Named by Lightning's launcher, or by rank 1 when a busy machine lets rank 0 go first.
     assert re.search(r"\[rank: 1\] Child process with PID \d+ terminated|local rank 1 stops too", result.stderr)
+    assert re.search(r"process 1 of 2 stopped: another process .* within the timeout|local rank 1 stops", result.stderr)
 
 
 def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_copy, uneven_shapes):

@@ -142,6 +142,15 @@ def test_a_trainer_option_of_lightning_1_is_told_what_replaced_it(monkeypatch, c
                             "(or auto, or last)"), message  # fmt: skip
 
 
+@pytest.mark.parametrize("given", [["--trainer", "configs/trainer/cpu.yaml"], ["--model=configs/recipe/scratch.yaml"]])
+def test_a_whole_config_given_to_one_group_is_told_to_go_to_config(monkeypatch, capsys, in_project_copy, given):
+    # Lightning's docs give --trainer a file of the trainer's options alone; ours start with trainer:.
+    # It was refused as the option trainer.trainer.accelerator, or offered the closest spellings of one.
+    group, file = given[0].partition("=")[0].removeprefix("--"), given[-1].partition("=")[2] or given[-1]
+    message = refusal(monkeypatch, capsys, "fit", *given)
+    assert message == f"error: {file} is a whole config (it sets trainer:): give it as --config {file}, not --{group}"
+
+
 def test_a_class_path_for_the_data_or_model_says_where_code_of_ones_own_goes(monkeypatch, capsys, in_project_copy):
     # It was offered the closest spellings (data.std, data.crop_ratio), as if class_path were a typo.
     (in_project_copy / "mine.yaml").write_text("data:\n  class_path: mine.CSVDataModule\n")

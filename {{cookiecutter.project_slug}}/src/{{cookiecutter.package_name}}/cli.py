@@ -36,7 +36,16 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from .data import ImageDataModule, TooFewClassesError
-from .errors import PACKAGE, ConfigError, DataError, UserError, likely_meant, one_line, wants_traceback
+from .errors import (
+    PACKAGE,
+    ConfigError,
+    DataError,
+    UserError,
+    likely_meant,
+    one_line,
+    other_process_gone,
+    wants_traceback,
+)
 from .hardware.checks import check_hardware, settle_precision
 from .model import ImageClassifier, check_same_architecture, check_same_classes, check_same_optimizer_layout
 from .training.callbacks import EndWithLauncher
@@ -181,6 +190,11 @@ class SuggestingParser(LightningArgumentParser):
             names = [*SUBCOMMANDS, *TOOLS]
             said = f"{unknown.group(1)!r} is no command" if unknown else "no command given"
             message = f"{said}; the commands are {', '.join(names)}"
+        # Lightning's docs give --trainer a file of the trainer's options alone; the presets start with trainer:.
+        whole = in_file and re.match(r"(\w+)\.(trainer|model|data|optimizer|lr_scheduler)\b", in_file[3])
+        if whole and (given := value_given(GIVEN or sys.argv[1:], f"--{whole[1]}")):
+            message = f"{given} is a whole config (it sets {whole[2]}:): give it as --config {given}, not --{whole[1]}"
+            in_file = None
         if unknown:
             key = unknown.group(1)
         elif wrong:
@@ -789,6 +803,10 @@ def main(args: list[str] | None = None) -> None:
         if wants_traceback():
             raise
         sys.exit(f"error: {one_line(error)}")
+    except RuntimeError as error:
+        if wants_traceback() or not (gone := other_process_gone(error)):
+            raise
+        sys.exit(f"error: {gone}")
     except SIGTERMException as stopped:
         # The command that resumes comes last, after W&B's closing lines (which it prints at exit, colour
         # codes and all, unless finished here); and with a failure status, which Lightning would not give.
@@ -823,6 +841,16 @@ def options_given(args: list[str], group: str) -> set[str]:
                 whole = whole.get("init_args") or whole if isinstance(whole, dict) else {}
                 names |= set(whole) if isinstance(whole, dict) else set()
     return names
+
+
+def value_given(args: list[str], option: str) -> str | None:
+    """The value of `option` on a command line (`--option value` or `--option=value`), or None."""
+    for index, arg in enumerate(args):
+        if arg == option:
+            return next(iter(args[index + 1 :]), None)
+        if arg.startswith(f"{option}="):
+            return arg.partition("=")[2]
+    return None
 
 
 def finish_wandb_run(exit_code: int | None = None) -> None:

@@ -8,11 +8,17 @@ Each class is also the built-in error it stands for, for code that catches that.
 import argparse
 import difflib
 import os
+import sys
 from typing import NoReturn
 
 # The import name, which every command line starts with (python -m PACKAGE ...), from any module.
 PACKAGE = __spec__.parent
 TRACEBACK_VARIABLE = "{{ cookiecutter.package_name | upper }}_TRACEBACK"
+# What a collective raises in a process whose peer has ended (gloo's closed or reset connection, NCCL's
+# aborted communicator or remote error), or has not come within the strategy's timeout.
+PEER_GONE = ("closed by peer", "reset by peer", "remote worker crashing", "communicator was aborted",
+             "remote process exited")  # fmt: skip
+PEER_LATE = ("Timed out waiting", "timeout caused pair closure", "collective operation timeout")
 
 
 class UserError(Exception):
@@ -71,6 +77,27 @@ def likely_meant(word: str, names: list[str], n: int = 3) -> str:
 
 def wants_traceback() -> bool:
     return os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
+
+
+def other_process_gone(error: BaseException) -> str | None:
+    """The line for a collective's error in a process of a run whose other process ended first (whose
+    own error is the one to read) or never came; None for any other error. Without it, one process's
+    `error:` line would be followed by a hundred lines of the other's traceback."""
+    dist = sys.modules.get("torch.distributed")  # never imported just to find no run
+    if not (isinstance(error, RuntimeError) and dist and dist.is_available() and dist.is_initialized()):
+        return None
+    this = f"process {dist.get_rank()} of {dist.get_world_size()} stopped"
+    if any(sign in str(error) for sign in PEER_GONE):
+        return (
+            f"{this}: another process of this run ended first (its error is above; a process that printed none "
+            "was killed, by a signal or for lack of memory)"
+        )
+    if any(sign in str(error) for sign in PEER_LATE):
+        return (
+            f"{this}: another process of this run did not reach the same step within the timeout "
+            "(trainer.strategy.init_args.timeout): it is stuck, or far slower at something only it does"
+        )
+    return None
 
 
 def one_line(error: BaseException) -> str:
