@@ -358,7 +358,9 @@ def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):
         ([], "No checkpoint under .: train a model first, or pass --model."),  # no configs here to place runs
         (["--devices=two"], "--devices two: give a number of GPUs"),
         (["--port=80"], "--port 80 is out of range"),
-        (["--max-batch-size=0"], "--max-batch-size, --top-k: 1 or more"),
+        (["--max-batch-size=0"], "--max-batch-size must be 1 or more, got 0 (python -m"),
+        (["--batch-timeout=-1"], "--batch-timeout must be 0 or more, got -1.0 (python -m"),
+        (["--host=10.1.2.3"], "argument --host: invalid choice: '10.1.2.3' (choose from "),
     ],
 )
 def test_a_server_that_cannot_start_says_why_in_one_line(monkeypatch, capsys, tmp_path, given, reason):
@@ -368,10 +370,11 @@ def test_a_server_that_cannot_start_says_why_in_one_line(monkeypatch, capsys, tm
     assert reason in refusal(monkeypatch, capsys, "serve", *given)
 
 
-def test_a_port_in_use_is_named(monkeypatch, capsys):
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_port_in_use_is_named(monkeypatch, capsys, host):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        message = refusal(monkeypatch, capsys, "serve", f"--port={port}")
+        message = refusal(monkeypatch, capsys, "serve", f"--host={host}", f"--port={port}")
     assert message == f"error: Port {port} of 127.0.0.1 is in use: stop what holds it, or pick another --port."

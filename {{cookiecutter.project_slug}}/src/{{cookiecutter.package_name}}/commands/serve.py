@@ -47,6 +47,7 @@ except ImportError as missing:
     raise ConfigError('Serving needs LitServe, the serve extra: pip install -e ".[serve]"') from missing
 
 HOSTS = {"127.0.0.1": "this machine only", "0.0.0.0": "every IPv4 interface", "::": "every interface"}
+HOST_NAMES = {"localhost": "127.0.0.1"}
 
 
 async def prepared_image(request: Request) -> np.ndarray:
@@ -237,7 +238,9 @@ def main(args: list[str]) -> int:
     parser = CommandParser(prog=f"{PACKAGE} serve", description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a checkpoint or an .onnx export (default: the newest run's best)")
     parser.add_argument("--runs", type=Path, help="where the runs are (default: where fit puts them)")
-    parser.add_argument("--host", default="127.0.0.1", choices=HOSTS, help="0.0.0.0 to be reached from other machines")
+    # LitServe binds only these three addresses; localhost is this machine's, by its name.
+    parser.add_argument("--host", default="127.0.0.1", choices=HOSTS, type=lambda host: HOST_NAMES.get(host, host),
+                        help="0.0.0.0 to be reached from other machines")  # fmt: skip
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     parser.add_argument("--devices", default="auto", help="how many GPUs to use, or auto: all of them")
@@ -250,8 +253,8 @@ def main(args: list[str]) -> int:
     parser.add_argument("--max-pixels", type=int, default=Limits.pixels, help="width x height of the largest image")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     options = parser.parse_args(args)
-    if min(options.workers_per_device, options.max_batch_size, options.top_k) < 1 or options.batch_timeout < 0:
-        raise ConfigError("--workers-per-device, --max-batch-size, --top-k: 1 or more; --batch-timeout: 0 or more.")
+    least = {"--workers-per-device": 1, "--max-batch-size": 1, "--top-k": 1, "--batch-timeout": 0}
+    parser.check_at_least(options, least)
     devices = check_devices(options.device, options.devices)
     check_port(options.host, options.port)
     if options.model is not None and options.model.suffix != ".onnx":
