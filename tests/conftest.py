@@ -176,6 +176,8 @@ def answer_matrix() -> list[dict[str, str]]:
             combo[key] = values[index % len(values)]
         if combo["accelerator"] == "mps":
             combo["devices"] = "1"
+        elif not is_valid(combo):  # DDP or FSDP2 on the CPU with devices auto: one process
+            combo["devices"] = "2"
         if combo["backbone"] == "vit_b_16":
             combo["image_size"] = "224"  # the one side a ViT takes (the hook refuses another)
     return combos

@@ -64,6 +64,11 @@ REFUSED = [
         "float16 loss scaling for precision 16-mixed: choose precision bf16-mixed or 32-true, or strategy ddp.",
     ),
     ({"accelerator": "mps", "devices": "2"}, "MPS backend trains on one device in one process"),
+    (
+        {"accelerator": "cpu", "strategy": "ddp", "devices": "auto"},
+        "data parallel on the CPU with devices auto starts one process (Lightning counts the CPU as one device): "
+        "answer devices with the number of processes, such as 2, or strategy auto.",
+    ),
 ]
 
 

@@ -84,6 +84,9 @@ def test_every_user_of_the_rules_agrees(monkeypatch, project_config, machine_nam
         (Settings("gpu", 2, "DeepSpeedStrategy", "bf16-mixed"), "bare h100", "DeepSpeed is not installed"),
         (Settings("gpu", 2, "DDPStrategy", "bf16-mixed"), "bare h100", "needs NCCL"),
         (Settings("auto", "[0, 1]", "DDPStrategy", "16-mixed"), "cpu only", "float16 autocast for GPUs"),
+        (Settings("cpu", "auto", "DDPStrategy", "32-true"), "eight h100", "data parallel on the CPU with devices auto"),
+        (Settings("cpu", "auto", "FSDP2Strategy", "32-true"), "cpu only", "FSDP2 on the CPU with devices auto starts"),
+        (Settings("cpu", 1, "DDPStrategy", "32-true"), "cpu only", None),  # one process, as asked: a test's twin
     ],
 )
 def test_rules(settings, machine_name, said):

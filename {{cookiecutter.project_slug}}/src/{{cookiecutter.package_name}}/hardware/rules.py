@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 CUDA_ONLY = {"FSDPStrategy": "FSDP (configs/trainer/fsdp1.yaml)", "DeepSpeedStrategy": "DeepSpeed"}
 # Strategies that start one process per device and talk over NCCL on GPUs.
 MULTI_PROCESS = {"DDPStrategy", "FSDPStrategy", "FSDP2Strategy", "DeepSpeedStrategy"}
+# Those that also run as processes on the CPU, over gloo: one per device asked for.
+CPU_PROCESSES = MULTI_PROCESS - set(CUDA_ONLY)
 # Lightning's registered strategy names, as they may be given on the command line.
 REGISTERED = {"fsdp": "FSDPStrategy", "deepspeed": "DeepSpeedStrategy", "ddp": "DDPStrategy"}
 # The strategy each answer to the template's `strategy` question trains with (its trainer preset).
@@ -136,6 +138,13 @@ def problems(settings: Settings, machine: Machine | None = None) -> list[Problem
             "use --config configs/trainer/mps.yaml (devices 1, strategy auto)",
             "choose devices 1 and strategy auto",
         ))  # fmt: skip
+    if settings.accelerator == "cpu" and strategy in CPU_PROCESSES and devices is None:
+        found.append(Problem(
+            f"{strategy.removesuffix('Strategy').replace('DDP', 'data parallel')} on the CPU with devices auto starts "
+            "one process (Lightning counts the CPU as one device)",
+            "give --trainer.devices the number of processes, such as 2",
+            "answer devices with the number of processes, such as 2, or strategy auto",
+        ))  # fmt: skip
     if precision.startswith("16") and where == "cpu":
         found.append(Problem(
             f"precision {precision} is float16 autocast for GPUs; on the CPU it is slow emulation",
@@ -148,7 +157,7 @@ def problems(settings: Settings, machine: Machine | None = None) -> list[Problem
     if settings.accelerator in ("gpu", "cuda") and where is None:
         fix = "check nvidia-smi and CUDA_VISIBLE_DEVICES" if machine.cuda_build else "install torch with CUDA"
         fix += ", or use --config configs/trainer/cpu.yaml"
-        if strategy in MULTI_PROCESS - set(CUDA_ONLY):  # they run as CPU processes too, one per device
+        if strategy in CPU_PROCESSES:
             fix += " (or, to try this preset in two CPU processes, --trainer.accelerator cpu --trainer.devices 2"
             fix += " --trainer.precision 32-true)"
         found.append(Problem(f"accelerator {settings.accelerator}, but no CUDA GPU is visible", fix))
