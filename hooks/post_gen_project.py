@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,8 +19,7 @@ SETUP_ENV = ANSWERS["setup_env"]
 RENDERED_BY_CRUFT = "_commit" in ANSWERS and "_output_dir" not in ANSWERS
 # "1" runs the environment and smoke-test steps even in CI or without a terminal; "0" never runs them.
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
-MAKE_ENV = str(Path("scripts") / "make_env.py")  # the project's own, which users rerun
-LOG = Path("runs") / "smoke-test" / "setup.log"
+MAKE_ENV, LOG = str(Path("scripts") / "make_env.py"), Path("runs/smoke-test/setup.log")  # the project's, and its log
 # A feature's own files by (question, the answer that keeps them): modules by name, in any folder of src/, tests in
 # tests/, others; removed whole when the answers leave it out, but a file two features share stays while either is kept.
 FILES_OF = {
@@ -60,9 +60,9 @@ def main() -> None:
         setup = " ".join(["python3", MAKE_ENV, SETUP_ENV if SETUP_ENV != "none" else "uv", *smoke])
         print(f"\nNext:\n  cd {Path.cwd()}\n  {setup}")
         return
-    LOG.parent.mkdir(parents=True, exist_ok=True)
-    LOG.write_text("")
-    if subprocess.run([sys.executable, MAKE_ENV, SETUP_ENV, "--log", str(LOG), *smoke]).returncode != 0:
+    setup = subprocess.Popen([sys.executable, MAKE_ENV, SETUP_ENV, *smoke])  # which logs into LOG
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is make_env.py's, which says how to finish
+    if setup.wait() != 0:
         print(f"The project is kept in {Path.cwd()}.")
 
 
@@ -115,6 +115,6 @@ def say(message: str) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except Exception as error:  # any exit status but 0 makes cookiecutter delete the project
-        print(f"\nThe setup stopped on an unexpected error: {error!r}")
+    except (Exception, KeyboardInterrupt) as error:  # any exit status but 0 makes cookiecutter delete the project
+        print(f"\nThe setup stopped: {error!r}")
         print(f"The project is kept in {Path.cwd()}; set it up with: python3 {MAKE_ENV}")

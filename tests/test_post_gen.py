@@ -7,6 +7,7 @@ import pty
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -171,6 +172,33 @@ def test_unreachable_package_index_fails_fast_and_keeps_the_project(tmp_path, se
     assert not (tmp_path / "image-classifier" / ".venv").exists()
 
 
+def test_a_ctrl_c_during_the_install_keeps_the_project_and_says_how_to_finish(tmp_path):
+    # The hook and make_env.py each printed a traceback, and nothing said what to run.
+    with socket.socket() as silent:  # an index that takes the connection and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        index = f"http://127.0.0.1:{silent.getsockname()[1]}/simple"
+        env = hook_env({FORCE: "1", "PIP_INDEX_URL": index, CPU_WHEELS: index})
+        command = cookiecutter_command(tmp_path, setup_env="venv", smoke_test="yes")
+        generation = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        try:
+            log, deadline = tmp_path / "image-classifier/runs/smoke-test/setup.log", time.monotonic() + 120
+            while not (log.is_file() and "$ .venv/bin/python -m pip install" in log.read_text()):
+                assert generation.poll() is None and time.monotonic() < deadline, generation.communicate()
+                time.sleep(0.1)
+            os.killpg(generation.pid, signal.SIGINT)  # a terminal's Ctrl-C: cookiecutter, the hook, the installer
+            out, err = generation.communicate(timeout=60)  # until the hook, which outlives cookiecutter, is done
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # all ended
+                os.killpg(generation.pid, signal.SIGKILL)
+    assert "Traceback" not in err, err
+    project = tmp_path / "image-classifier"
+    assert out.endswith("Setup interrupted. To finish it: python3 scripts/make_env.py venv --smoke\n"
+                        f"The project is kept in {project}.\n"), out  # fmt: skip
+    assert (project / "pyproject.toml").is_file()
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_git_repository_with_first_commit(tmp_path):
     env = {"GIT_AUTHOR_NAME": "A", "GIT_AUTHOR_EMAIL": "a@example.com"}
@@ -231,9 +259,9 @@ def test_current_python_without_torch_names_what_is_missing_and_the_command_that
     project = tmp_path / "out" / "image-classifier"
     assert result.returncode == 0 and "environment setup failed" in result.stdout, result.stdout + result.stderr
     install = f"{python} -m pip install -e '.[dev]'"
-    assert "lacks torch torchvision lightning" in result.stdout and install in result.stdout
+    assert "lacks lightning, torch, torchvision, " in result.stdout and install in result.stdout
     log = (project / "runs" / "smoke-test" / "setup.log").read_text()
-    assert "lacks torch torchvision lightning" in log and install in log, "the log it names must say it too"
+    assert "lacks lightning, torch, torchvision, " in log and install in log, "the log it names must say it too"
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The generated project's tooling: its CI workflow, pre-commit hooks and Makefile."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,8 +44,17 @@ def test_pre_commit_hooks_pass_on_the_project_and_fix_a_bad_file(tmp_path):
 
 def test_make_lint_and_test_run_the_projects_commands(tmp_path):
     project = render(tmp_path)
-    printed = subprocess.run(["make", "-n", "test", "fit"], cwd=project, capture_output=True, text=True)
-    test, fit = ".venv/bin/python -m pytest -n auto", ".venv/bin/python -m image_classifier fit"
-    assert printed.stdout.split("\n")[:2] == [test, fit]
+    # `make` alone lists the targets; it was `install`, which builds .venv (5 GB of torch).
+    listed = subprocess.run(["make"], cwd=project, capture_output=True, text=True)
+    assert listed.returncode == 0 and not (project / ".venv").exists(), listed.stderr
+    targets = re.findall(r"^  make (\w+) +\S", listed.stdout, re.MULTILINE)
+    assert targets == ["help", "install", "test", "lint", "format", "doctor", "fit", "resume", "image"], listed.stdout
+    # Without .venv (setup_env current), python3 with src/ on its path.
+    for venv, python in ((False, "python3"), (True, ".venv/bin/python")):
+        if venv:
+            (project / ".venv/bin").mkdir(parents=True)
+            (project / ".venv/bin/python").touch()
+        printed = subprocess.run(["make", "-n", "test", "fit"], cwd=project, capture_output=True, text=True)
+        assert printed.stdout.split("\n")[:2] == [f"{python} -m pytest -n auto", f"{python} -m image_classifier fit"]
     lint = subprocess.run(["make", "lint", f"PYTHON={sys.executable}"], cwd=project, capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import os
 import re
 import shlex
@@ -19,10 +20,12 @@ import shutil
 import socket
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlparse
 
 PROJECT = Path(__file__).resolve().parents[1]
+SCRIPT = str(Path(__file__).resolve().relative_to(PROJECT))
 ANSWERS_FILE = PROJECT / ".cookiecutter.json"  # the answers the project was generated with
 ACCELERATOR = json.loads(ANSWERS_FILE.read_text()).get("accelerator", "auto") if ANSWERS_FILE.is_file() else "auto"
 REQUIRES = re.search(r'requires-python\s*=\s*">=\s*(3\.\d+)', (PROJECT / "pyproject.toml").read_text())
@@ -30,10 +33,13 @@ OLDEST_PYTHON = REQUIRES.group(1) if REQUIRES else "3.10"
 # PyTorch's CPU-only wheels; the variable points at a mirror.
 CPU_WHEELS = os.environ.get("LIGHTNING_TEMPLATE_CPU_WHEELS", "https://download.pytorch.org/whl/cpu")
 PACKAGE = "{{ cookiecutter.package_name }}"
+LOG = Path("runs") / "smoke-test" / "setup.log"  # beside the smoke test's own log
 # What the smoke test (commands/smoke_test.py) says before the options it fell back to on this machine.
 HERE = "On this machine, fit with: "
 VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
-NEEDED = ("torch", "torchvision", "lightning", "torchmetrics", "jsonargparse", "rich", "yaml", "matplotlib")
+# The comparisons of pyproject.toml's version ranges; others (~=, wildcards) are left to the installers.
+COMPARISONS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
+               "!=": operator.ne}  # fmt: skip
 
 
 class StepFailed(Exception):
@@ -45,22 +51,31 @@ class StepFailed(Exception):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("how", nargs="?", choices=["uv", "venv", "current"], default="uv")
-    parser.add_argument("--log", type=Path, default=Path("runs/setup.log"), help="where the installers' output goes")
+    parser.add_argument("--log", type=Path, default=LOG, help="where the installers' output goes")
     parser.add_argument("--smoke", action="store_true", help="then run the smoke test, `doctor --smoke`")
     options = parser.parse_args()
     os.chdir(PROJECT)
     options.log.parent.mkdir(parents=True, exist_ok=True)
     try:
-        make(options.how, options.log)
+        return make_and_check(options.how, options.log, options.smoke)
+    except KeyboardInterrupt:  # what is installed stays, for the next run to go on from
+        again = " ".join(["python3", SCRIPT, options.how, "--smoke" if options.smoke else ""]).rstrip()
+        say(f"\nSetup interrupted. To finish it: {again}", options.log)
+        return 130
+
+
+def make_and_check(how: str, log: Path, smoke: bool) -> int:
+    try:
+        make(how, log)
     except StepFailed as failure:
         print(f"\n==== environment setup failed ====\nFailed command: {' '.join(failure.command)}")
-        say(f"Likely fix: {failure.fix}", options.log)
-        print(f"Full log: {options.log.resolve()}")
-        if options.smoke:
+        say(f"Likely fix: {failure.fix}", log)
+        print(f"Full log: {log.resolve()}")
+        if smoke:
             print("smoke test not run: the environment is not ready")
         return 1
-    python = sys.executable if options.how == "current" else VENV_PYTHON
-    said = smoke_test(python, options.log) if options.smoke else []
+    python = sys.executable if how == "current" else VENV_PYTHON
+    said = smoke_test(python, log) if smoke else []
     if said is None:
         return 1
     # After a fallback from hardware this machine lacks, the options the smoke test trained with.
@@ -71,12 +86,12 @@ def main() -> int:
 
 def make(how: str, log: Path) -> None:
     if how == "current":
-        missing = run_logged([sys.executable, "-c", MISSING_MODULES], log).strip()
+        missing = unmet_requirements()
         if missing:
             fix = f"cd {PROJECT} && {sys.executable} -m pip install -e '.[dev]'"
             raise StepFailed(
-                [sys.executable, "-c", "import torch, lightning, ..."],
-                f"this Python lacks {missing}: install them into it with `{fix}`, or use uv or venv",
+                [sys.executable, "(the dependencies in pyproject.toml)"],
+                f"this Python lacks {', '.join(missing)}: install them into it with `{fix}`, or use uv or venv",
             )
         say(f"Using {sys.executable} as it is (with src/ on PYTHONPATH); nothing was installed into it.", log)
         return
@@ -90,7 +105,9 @@ def make(how: str, log: Path) -> None:
     if how == "uv" and uv is None:
         say("uv is not installed (https://docs.astral.sh/uv/): using python -m venv and pip instead.", log)
     if how == "uv" and uv:
-        step("Making .venv with uv", [uv, "venv", "--quiet", "--python", interpreter(), ".venv"], log)
+        # uv finds (or fetches) a Python of the version itself, wherever pyenv, conda or uv put it.
+        python = sys.executable if new_enough() else OLDEST_PYTHON
+        step("Making .venv with uv", [uv, "venv", "--quiet", "--python", python, ".venv"], log)
         install = [uv, "pip", "install", "--python", VENV_PYTHON]
     else:
         step("Making .venv", [interpreter(), "-m", "venv", ".venv"], log)
@@ -101,7 +118,38 @@ def make(how: str, log: Path) -> None:
     step("Installing the project and its dependencies (torch is large: minutes)", [*install, "-e", ".[dev]"], log)
 
 
-MISSING_MODULES = f"import importlib.util as u; print(' '.join(m for m in {NEEDED} if u.find_spec(m) is None))"
+def unmet_requirements() -> list[str]:
+    """The project's dependencies that this Python lacks ("wandb"), or has outside their range
+    ("lightning 2.4.0, not >=2.6,<2.7"), read from pyproject.toml: the training commands need them all."""
+    pyproject = (PROJECT / "pyproject.toml").read_text()
+    listed = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.MULTILINE | re.DOTALL)
+    lines = [line.partition("#")[0] for line in (listed.group(1) if listed else "").splitlines()]
+    unmet = []
+    for requirement in re.findall(r'"([^"]+)"', "\n".join(lines)):
+        name, wanted = re.match(r"([\w.-]+)(?:\[[^\]]*\])?\s*(.*)", requirement).groups()
+        have = installed_version(name)
+        if have is None:
+            unmet.append(name)
+        elif not all(within(have, part.strip()) for part in wanted.split(",") if part.strip()):
+            unmet.append(f"{name} {have}, not {wanted}")
+    return unmet
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def within(version: str, specifier: str) -> bool:
+    """Whether `version` (2.14.1+cu130) meets one comparison (>=2.6), release numbers only."""
+    comparison, wanted = re.match(r"(>=|<=|==|!=|>|<)?\s*(.*)", specifier).groups()
+    if comparison is None or not re.fullmatch(r"\d+(\.\d+)*", wanted):
+        return True
+    have, want = (tuple(map(int, re.match(r"\d+(\.\d+)*", text).group().split("."))) for text in (version, wanted))
+    width = max(len(have), len(want))  # 2.7 is 2.7.0
+    return COMPARISONS[comparison](have + (0,) * (width - len(have)), want + (0,) * (width - len(want)))
 
 
 def smoke_test(python: str, log: Path) -> list[str] | None:
@@ -127,6 +175,8 @@ def smoke_test(python: str, log: Path) -> list[str] | None:
 def print_next_steps(python: str, fit_options: str = "") -> None:
     if python == sys.executable:  # `current`: the Python that runs this, which `python` may not be
         run, test = f"PYTHONPATH=src {shlex.quote(python)} -m", "pytest"  # pytest-xdist may be missing there
+        if installed_version("pytest") is None:  # the tests' own dependencies come with the dev extra
+            test = f"pip install -e '.[dev]' && {run} pytest"
     else:  # Debian and Ubuntu have no `python` outside the activated .venv
         run, test = ". .venv/bin/activate && python -m", "pytest -n auto"
     print(f"\nNext:\n  cd {PROJECT}")
@@ -154,7 +204,7 @@ def cpu_wheel_index(log: Path) -> str | None:
 def interpreter() -> str:
     """A Python the project supports: this one, or python3.X for the oldest version it takes."""
     oldest = OLDEST_PYTHON
-    if sys.version_info[:2] >= tuple(int(part) for part in oldest.split(".")):
+    if new_enough():
         return sys.executable
     found = shutil.which(f"python{oldest}")
     if found is None:
@@ -163,7 +213,19 @@ def interpreter() -> str:
             f"the project needs Python {oldest}+ and this is "
             f"{sys.version.split()[0]}: install it, or run this with a newer Python",
         )
+    runs = subprocess.run([found, "-c", "pass"], capture_output=True, text=True)
+    if runs.returncode != 0:  # a pyenv shim of a version that pyenv has not selected
+        said = next(iter(runs.stderr.strip().splitlines()), f"status {runs.returncode}")
+        raise StepFailed(
+            [found],
+            f"{found} does not run ({said}): select or install Python {oldest} (with pyenv: pyenv shell {oldest}), "
+            f"or run this with Python {oldest}+",
+        )
     return found
+
+
+def new_enough() -> bool:
+    return sys.version_info[:2] >= tuple(int(part) for part in OLDEST_PYTHON.split("."))
 
 
 def unreachable(url: str) -> str | None:
