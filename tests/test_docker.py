@@ -73,28 +73,31 @@ def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_p
 
     assert ("ENTRYPOINT", '["python", "-m", "image_classifier"]') in steps
     assert ("CMD", '["doctor"]') in steps
-    installs = [
-        arguments for kind, arguments in steps if kind == "RUN" and 'install ".[export,serve,timm]"' in arguments
-    ]
+    # The dependencies, with an empty package in place of the code; then the code, in a layer after them.
+    after = [(kind, " ".join(re.sub(r"^--mount=\S+ ", "", arguments).split())) for kind, arguments in steps]
+    pip = "pip install" if python_version == "3.11" else "uv pip install"  # uv brings a Python newer than the image's
+    empty = "mkdir -p src/image_classifier && touch src/image_classifier/__init__.py"
+    start = after.index(("WORKDIR", "/app"))
+    assert after[start + 1 : start + 5] == [("COPY", "pyproject.toml README.md ./"),
+                                            ("RUN", f'{empty} && {pip} ".[export,serve,timm]"'),
+                                            ("COPY", "src ./src"), ("RUN", f"{pip} --no-deps .")]  # fmt: skip
     if python_version == "3.11":  # the image's Python and torch
-        assert installs == ['--mount=type=cache,target=/root/.cache/pip pip install ".[export,serve,timm]"']
         assert not any("venv" in arguments for _, arguments in steps)
-    else:  # newer than the image's Python: uv brings one
+    else:
         assert any("uv venv --python 3.13 /opt/venv" in arguments for kind, arguments in steps if kind == "RUN")
-        assert installs == ['--mount=type=cache,target=/root/.cache/uv uv pip install ".[export,serve,timm]"']
 
 
 @pytest.mark.parametrize(
     ("answers", "installed"),
-    [({"timm": "no"}, 'pip pip install ".[export]"'),
-     ({"timm": "no", "python_version": "3.13"}, 'uv uv pip install ".[export]"'),
-     ({}, 'pip pip install ".[export,timm]"'), ({"serving": "yes"}, 'pip pip install ".[export,serve,timm]"'),
+    [({"timm": "no"}, '&& pip install ".[export]"'),
+     ({"timm": "no", "python_version": "3.13"}, '&& uv pip install ".[export]"'),
+     ({}, '&& pip install ".[export,timm]"'), ({"serving": "yes"}, '&& pip install ".[export,serve,timm]"'),
      ({"serving": "yes", "streaming": "yes", "experiments": "yes"},
-      'pip pip install ".[export,serve,timm,streaming,sweep]"')],
+      '&& pip install ".[export,serve,timm,streaming,sweep]"')],
 )  # fmt: skip
 def test_the_image_installs_the_extras_every_command_needs(tmp_path, answers, installed):
     runs = [arguments for kind, arguments in instructions(render(tmp_path, **answers)) if kind == "RUN"]
-    assert [arguments for arguments in runs if " install " in arguments][-1].endswith(installed), runs
+    assert [arguments for arguments in runs if " install " in arguments][-2].endswith(installed), runs
 
 
 @pytest.mark.slow
@@ -102,12 +105,6 @@ def test_the_image_installs_the_extras_every_command_needs(tmp_path, answers, in
 def test_the_images_install_step_gives_a_cli_that_trains(tmp_path):
     project = render(tmp_path / "render", serving="yes")
     app = tmp_path / "app"  # the image's /app
-    for sources, destination in copies(instructions(project)):
-        for source in sources:
-            target = app / destination / (Path(source).name if destination.endswith("/") else "")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            copy = shutil.copytree if (project / source).is_dir() else shutil.copy2
-            copy(project / source, target)
     # The image's Python with its torch: a venv that sees the test environment's packages.
     python = str(python_with_test_packages(tmp_path / "image-python", with_pip=True))
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "WANDB_MODE": "offline"}
@@ -117,8 +114,20 @@ def test_the_images_install_step_gives_a_cli_that_trains(tmp_path):
         assert result.returncode == 0, f"{command}: {result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result.stdout
 
-    # The Dockerfile's `pip install ".[export,serve,timm]"`; without build isolation, which would download hatchling.
-    run(python, "-m", "pip", "install", "--no-build-isolation", ".[export,serve,timm]")
+    # The Dockerfile's copies and installs from /app on, in their order; pip without build isolation,
+    # which would download hatchling.
+    steps = instructions(project)
+    for kind, arguments in steps[steps.index(("WORKDIR", "/app")) + 1 :]:
+        if kind == "COPY":
+            ((sources, destination),) = copies([(kind, arguments)])
+            for source in sources:
+                target = app / destination / (Path(source).name if destination.endswith("/") else "")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                copy = shutil.copytree if (project / source).is_dir() else shutil.copy2
+                copy(project / source, target, **({"dirs_exist_ok": True} if (project / source).is_dir() else {}))
+        elif kind == "RUN" and " install " in arguments:
+            shell = arguments.split(" ", 1)[1].replace("pip install", f"{python} -m pip install --no-build-isolation")
+            run("bash", "-c", shell)
     assert "site-packages" in run(python, "-c", "import image_classifier; print(image_classifier.__file__)")
     assert "accelerator" in run(python, "-m", "image_classifier", "doctor")  # the image's default command
     assert "--max-batch-size" in run(python, "-m", "image_classifier", "serve", "--help")
