@@ -19,7 +19,7 @@ SETUP_ENV = ANSWERS["setup_env"]
 RENDERED_BY_CRUFT = "_commit" in ANSWERS and "_output_dir" not in ANSWERS
 # "1" runs the environment and smoke-test steps even in CI or without a terminal; "0" never runs them.
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
-MAKE_ENV, LOG = str(Path("scripts") / "make_env.py"), Path("runs/smoke-test/setup.log")  # the project's, and its log
+MAKE_ENV = str(Path("scripts") / "make_env.py")  # the project's own, which users rerun
 # A feature's own files by (question, the answer that keeps them): modules by name, in any folder of src/, tests in
 # tests/, others; removed whole when the answers leave it out, but a file two features share stays while either is kept.
 FILES_OF = {
@@ -47,20 +47,21 @@ def remove_unchosen_features() -> None:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line before what make_env.py prints after it
     remove_unchosen_features()
     if in_temporary_folder():
         # cruft diffs renders like this one against the project: a repository, .venv or runs/ would join the update.
-        say("Rendered into a temporary folder (cruft update or diff): no repository, environment or smoke test.")
+        print("Rendered into a temporary folder (cruft update or diff): no repository, environment or smoke test.")
         return
     start_git()
     smoke = ["--smoke"] if ANSWERS["smoke_test"] == "yes" else []
     skipped = skip_reason()
     if skipped:  # make_env.py, once run, says what to run next
-        say(f"No environment or smoke test: {skipped}.")
+        print(f"No environment or smoke test: {skipped}.")
         setup = " ".join(["python3", MAKE_ENV, SETUP_ENV if SETUP_ENV != "none" else "uv", *smoke])
         print(f"\nNext:\n  cd {Path.cwd()}\n  {setup}")
         return
-    setup = subprocess.Popen([sys.executable, MAKE_ENV, SETUP_ENV, *smoke])  # which logs into LOG
+    setup = subprocess.Popen([sys.executable, MAKE_ENV, SETUP_ENV, *smoke])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is make_env.py's, which says how to finish
     if setup.wait() != 0:
         print(f"The project is kept in {Path.cwd()}.")
@@ -85,31 +86,24 @@ def in_temporary_folder() -> bool:
 
 def start_git() -> None:
     if shutil.which("git") is None:
-        say("git is not installed: no repository was made.")
+        print("git is not installed: no repository was made.")
         return
     if subprocess.run(["git", "rev-parse", "--git-dir"], cwd="..", capture_output=True).returncode == 0:
-        say("The project is inside a git repository already: no new repository was made.")
+        print("The project is inside a git repository already: no new repository was made.")
         return
     subprocess.run(["git", "init", "-q"], check=True)
     subprocess.run(["git", "add", "-A"], check=True)
     if RENDERED_BY_CRUFT:
         # cruft writes .cruft.json after this hook, and `cruft update` refuses a repository with
         # uncommitted files: the first commit must wait for it.
-        say("git: a repository with the files staged. Once cruft has written .cruft.json, commit it with them:")
-        say("  git add .cruft.json && git commit -m 'New project from lightning-template'")
+        print("git: a repository with the files staged. Once cruft has written .cruft.json, commit it with them:")
+        print("  git add .cruft.json && git commit -m 'New project from lightning-template'")
         return
     commit = subprocess.run(["git", "commit", "-q", "-m", "New project from lightning-template"], capture_output=True)
     if commit.returncode == 0:
-        say("git: a repository with a first commit of the generated files.")
+        print("git: a repository with a first commit of the generated files.")
     else:
-        say("git: a repository with the files staged; commit them once git knows your name and email.")
-
-
-def say(message: str) -> None:
-    print(message, flush=True)
-    if LOG.parent.is_dir():
-        with LOG.open("a") as log:
-            log.write(f"# {message}\n")
+        print("git: a repository with the files staged; commit them once git knows your name and email.")
 
 
 if __name__ == "__main__":

@@ -37,9 +37,8 @@ LOG = Path("runs") / "smoke-test" / "setup.log"  # beside the smoke test's own l
 # What the smoke test (commands/smoke_test.py) says before the options it fell back to on this machine.
 HERE = "On this machine, fit with: "
 VENV_PYTHON = str(Path(".venv") / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
-# The comparisons of pyproject.toml's version ranges; others (~=, wildcards) are left to the installers.
-COMPARISONS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
-               "!=": operator.ne}  # fmt: skip
+# The comparisons of pyproject.toml's version ranges; others (!=, ~=, wildcards) are left to the installers.
+COMPARISONS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq}
 
 
 class StepFailed(Exception):
@@ -120,19 +119,31 @@ def make(how: str, log: Path) -> None:
 
 def unmet_requirements() -> list[str]:
     """The project's dependencies that this Python lacks ("wandb"), or has outside their range
-    ("lightning 2.4.0, not >=2.6,<2.7"), read from pyproject.toml: the training commands need them all."""
-    pyproject = (PROJECT / "pyproject.toml").read_text()
-    listed = re.search(r"^dependencies = \[(.*?)^\]", pyproject, re.MULTILINE | re.DOTALL)
-    lines = [line.partition("#")[0] for line in (listed.group(1) if listed else "").splitlines()]
+    ("lightning 2.4.0, not >=2.6,<2.7"), read from pyproject.toml: the training commands need them all.
+    One with an environment marker (`; sys_platform == "linux"`) is left to the installers."""
     unmet = []
-    for requirement in re.findall(r'"([^"]+)"', "\n".join(lines)):
+    for requirement in listed_dependencies((PROJECT / "pyproject.toml").read_text()):
         name, wanted = re.match(r"([\w.-]+)(?:\[[^\]]*\])?\s*(.*)", requirement).groups()
+        if ";" in wanted:
+            continue
         have = installed_version(name)
         if have is None:
             unmet.append(name)
         elif not all(within(have, part.strip()) for part in wanted.split(",") if part.strip()):
             unmet.append(f"{name} {have}, not {wanted}")
     return unmet
+
+
+def listed_dependencies(pyproject: str) -> list[str]:
+    """The strings of [project]'s `dependencies` array, on one line or many, with comments (tomllib
+    is not in every Python this runs under)."""
+    start = re.search(r"^dependencies\s*=\s*\[", pyproject, re.MULTILINE)
+    listed = []
+    for item in re.finditer(r'"([^"]*)"|\'([^\']*)\'|#[^\n]*|(\])', pyproject[start.end() :] if start else "]"):
+        if item.group(3):
+            break
+        listed += [text for text in item.group(1, 2) if text]
+    return listed
 
 
 def installed_version(distribution: str) -> str | None:
@@ -143,8 +154,9 @@ def installed_version(distribution: str) -> str | None:
 
 
 def within(version: str, specifier: str) -> bool:
-    """Whether `version` (2.14.1+cu130) meets one comparison (>=2.6), release numbers only."""
-    comparison, wanted = re.match(r"(>=|<=|==|!=|>|<)?\s*(.*)", specifier).groups()
+    """Whether `version` (2.14.1+cu130) meets one comparison (>=2.6), by release numbers: a pre-,
+    post- or dev release counts as its release. Others (!=, ~=, wildcards) are left to the installers."""
+    comparison, wanted = re.match(r"(>=|<=|==|>|<)?\s*(.*)", specifier).groups()
     if comparison is None or not re.fullmatch(r"\d+(\.\d+)*", wanted):
         return True
     have, want = (tuple(map(int, re.match(r"\d+(\.\d+)*", text).group().split("."))) for text in (version, wanted))
@@ -245,20 +257,14 @@ def unreachable(url: str) -> str | None:
 
 
 def step(title: str, command: list[str], log: Path) -> None:
+    """Run a command into the log, with one progress line on a terminal."""
     say(f"{title} ...", log)
-    run_logged(command, log, show=True)
-
-
-def run_logged(command: list[str], log: Path, show: bool = False) -> str:
-    """Run a command into the log, with one progress line on a terminal when `show`; its standard output."""
     env = os.environ | {"PYTHONUNBUFFERED": "1", "PIP_DEFAULT_TIMEOUT": "30", "UV_HTTP_TIMEOUT": "30"}
-    output = []
+    output, show = [], sys.stdout.isatty()
     with log.open("a") as file:
         file.write(f"\n$ {' '.join(command)}\n")
         file.flush()
-        stderr = subprocess.STDOUT if show else file
-        show = show and sys.stdout.isatty()
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env) as process:
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as process:
             for count, line in enumerate(process.stdout, 1):
                 output.append(line)
                 file.write(line)
@@ -267,8 +273,7 @@ def run_logged(command: list[str], log: Path, show: bool = False) -> str:
         if show:
             print()
     if process.returncode != 0:
-        raise StepFailed(command, likely_fix(log.read_text()))
-    return "".join(output)
+        raise StepFailed(command, likely_fix("".join(output)))  # this command's, not an earlier run's in the log
 
 
 def likely_fix(log: str) -> str:

@@ -10,7 +10,13 @@ from conftest import ON_CPU, OTHER_BACKBONE, on_data, refusal, run_cli
 
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.cli import condensed, main, refusal_inside
-from {{ cookiecutter.package_name }}.errors import TRACEBACK_VARIABLE, ConfigError, DataError, MissingError
+from {{ cookiecutter.package_name }}.errors import (
+    TRACEBACK_VARIABLE,
+    ConfigError,
+    DataError,
+    MissingError,
+    other_process_gone,
+)
 from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
 
 MODEL_CHECKPIONT = "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpiont"  # a misspelt class
@@ -282,3 +288,29 @@ def test_default_root_dir_holds_the_runs(monkeypatch, in_project_copy, tiny_shap
     run_cli(monkeypatch, *args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=1",
             "--trainer.limit_val_batches=1")  # fmt: skip
     assert list(in_project_copy.glob("elsewhere/runs/*/*/checkpoints/last.ckpt")) and not Path("runs").exists()
+
+
+GLOO = "[/pytorch/third_party/gloo/gloo/transport/tcp/{}] "
+
+
+@pytest.mark.parametrize(
+    ("world", "said", "told"),
+    [
+        (2, GLOO.format("pair.cc:561") + "Connection closed by peer [127.0.0.1]:1462. This is typically caused by "
+         "a remote worker crashing.", "process 1 of 2 stopped: another process of this run ended first"),
+        (2, GLOO.format("unbound_buffer.cc:78") + "Timed out waiting 5000ms for recv operation to complete",
+         "process 1 of 2 stopped: another process of this run did not reach the same step within the timeout"),
+        (1, GLOO.format("pair.cc:561") + "Connection closed by peer [127.0.0.1]:1462.", None),  # no other process
+        (2, "my own check: Timed out waiting for the labels file", None),  # the user's, told as it is
+        # A data worker's error, which torch raises again with the worker's traceback in the message.
+        (2, "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+         + GLOO.format("pair.cc:561") + "Connection closed by peer", None),
+    ],
+)  # fmt: skip
+def test_only_a_collectives_error_over_a_lost_process_is_told_as_one(monkeypatch, world, said, told):
+    import torch.distributed as dist
+
+    for name, value in {"is_initialized": True, "get_world_size": world, "get_rank": 1}.items():
+        monkeypatch.setattr(dist, name, lambda value=value: value)
+    line = other_process_gone(RuntimeError(said))
+    assert (line or "").startswith(told or "") and (line is None) is (told is None), line

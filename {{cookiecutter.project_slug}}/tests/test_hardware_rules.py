@@ -86,6 +86,7 @@ def test_every_user_of_the_rules_agrees(monkeypatch, project_config, machine_nam
         (Settings("auto", "[0, 1]", "DDPStrategy", "16-mixed"), "cpu only", "float16 autocast for GPUs"),
         (Settings("cpu", "auto", "DDPStrategy", "32-true"), "eight h100", "data parallel on the CPU with devices auto"),
         (Settings("cpu", "auto", "FSDP2Strategy", "32-true"), "cpu only", "FSDP2 on the CPU with devices auto starts"),
+        (Settings("auto", "auto", "DDPStrategy", "32-true"), "cpu only", "data parallel on the CPU with devices auto"),
         (Settings("cpu", 1, "DDPStrategy", "32-true"), "cpu only", None),  # one process, as asked: a test's twin
     ],
 )

@@ -192,7 +192,8 @@ class SuggestingParser(LightningArgumentParser):
             message = f"{said}; the commands are {', '.join(names)}"
         # Lightning's docs give --trainer a file of the trainer's options alone; the presets start with trainer:.
         whole = in_file and re.match(r"(\w+)\.(trainer|model|data|optimizer|lr_scheduler)\b", in_file[3])
-        if whole and (given := value_given(GIVEN or sys.argv[1:], f"--{whole[1]}")):
+        wholes = wholes_given(GIVEN or sys.argv[1:], whole[1]) if whole else []
+        if given := next((value for value, read in wholes if whole[2] in read), None):
             message = f"{given} is a whole config (it sets {whole[2]}:): give it as --config {given}, not --{whole[1]}"
             in_file = None
         if unknown:
@@ -823,14 +824,25 @@ def main(args: list[str] | None = None) -> None:
 
 def options_given(args: list[str], group: str) -> set[str]:
     """The options of a group (model, data) named on a command line: each --<group>.<name>, and those
-    of a whole --<group> (a YAML file or text, as jsonargparse takes it)."""
+    of a whole --<group>."""
     names = set()
-    for index, arg in enumerate(args):
-        option, has_value, value = arg.partition("=")
-        option = option.removesuffix("+")  # --trainer.callbacks+=, which appends
+    for arg in args:
+        option = arg.partition("=")[0].removesuffix("+")  # --trainer.callbacks+=, which appends
         if option.startswith(f"--{group}."):
             names.add(option.removeprefix(f"--{group}."))
-        elif option == f"--{group}":
+    for _, whole in wholes_given(args, group):
+        inner = whole.get("init_args") or whole
+        names |= set(inner) if isinstance(inner, dict) else set()
+    return names
+
+
+def wholes_given(args: list[str], group: str) -> list[tuple[str, dict]]:
+    """Each value of a whole --<group> on a command line (a YAML file or text, as jsonargparse takes
+    it), with the mapping it reads as."""
+    given = []
+    for index, arg in enumerate(args):
+        option, has_value, value = arg.partition("=")
+        if option == f"--{group}":
             value = value if has_value else next(iter(args[index + 1 :]), "")
             try:
                 text = Path(value).read_text()
@@ -838,19 +850,8 @@ def options_given(args: list[str], group: str) -> set[str]:
                 text = value
             with contextlib.suppress(yaml.YAMLError):  # the parser has already refused what it cannot read
                 whole = yaml.safe_load(text)
-                whole = whole.get("init_args") or whole if isinstance(whole, dict) else {}
-                names |= set(whole) if isinstance(whole, dict) else set()
-    return names
-
-
-def value_given(args: list[str], option: str) -> str | None:
-    """The value of `option` on a command line (`--option value` or `--option=value`), or None."""
-    for index, arg in enumerate(args):
-        if arg == option:
-            return next(iter(args[index + 1 :]), None)
-        if arg.startswith(f"{option}="):
-            return arg.partition("=")[2]
-    return None
+                given.append((value, whole if isinstance(whole, dict) else {}))
+    return given
 
 
 def finish_wandb_run(exit_code: int | None = None) -> None:

@@ -8,17 +8,18 @@ Each class is also the built-in error it stands for, for code that catches that.
 import argparse
 import difflib
 import os
+import re
 import sys
 from typing import NoReturn
 
 # The import name, which every command line starts with (python -m PACKAGE ...), from any module.
 PACKAGE = __spec__.parent
 TRACEBACK_VARIABLE = "{{ cookiecutter.package_name | upper }}_TRACEBACK"
-# What a collective raises in a process whose peer has ended (gloo's closed or reset connection, NCCL's
-# aborted communicator or remote error), or has not come within the strategy's timeout.
-PEER_GONE = ("closed by peer", "reset by peer", "remote worker crashing", "communicator was aborted",
-             "remote process exited")  # fmt: skip
-PEER_LATE = ("Timed out waiting", "timeout caused pair closure", "collective operation timeout")
+# The first line of what a collective raises in a process whose peer has ended (gloo's closed or reset
+# connection, NCCL's aborted communicator or remote error), or has not come within the strategy's timeout.
+GLOO = r"gloo/\S+\] "  # the source file's path that begins gloo's messages
+PEER_GONE = re.compile(rf"{GLOO}Connection (closed|reset) by peer|NCCL communicator was aborted|remote process exited")
+PEER_LATE = re.compile(rf"{GLOO}Timed out waiting \d+ms|^Application timeout caused pair closure|Watchdog caught")
 
 
 class UserError(Exception):
@@ -86,13 +87,15 @@ def other_process_gone(error: BaseException) -> str | None:
     dist = sys.modules.get("torch.distributed")  # never imported just to find no run
     if not (isinstance(error, RuntimeError) and dist and dist.is_available() and dist.is_initialized()):
         return None
-    this = f"process {dist.get_rank()} of {dist.get_world_size()} stopped"
-    if any(sign in str(error) for sign in PEER_GONE):
+    if dist.get_world_size() < 2:
+        return None
+    this, said = f"process {dist.get_rank()} of {dist.get_world_size()} stopped", str(error).partition("\n")[0]
+    if PEER_GONE.search(said):
         return (
             f"{this}: another process of this run ended first (its error is above; a process that printed none "
             "was killed, by a signal or for lack of memory)"
         )
-    if any(sign in str(error) for sign in PEER_LATE):
+    if PEER_LATE.search(said):
         return (
             f"{this}: another process of this run did not reach the same step within the timeout "
             "(trainer.strategy.init_args.timeout): it is stuck, or far slower at something only it does"

@@ -138,7 +138,7 @@ def problems(settings: Settings, machine: Machine | None = None) -> list[Problem
             "use --config configs/trainer/mps.yaml (devices 1, strategy auto)",
             "choose devices 1 and strategy auto",
         ))  # fmt: skip
-    if settings.accelerator == "cpu" and strategy in CPU_PROCESSES and devices is None:
+    if where == "cpu" and strategy in CPU_PROCESSES and devices is None:
         found.append(Problem(
             f"{strategy.removesuffix('Strategy').replace('DDP', 'data parallel')} on the CPU with devices auto starts "
             "one process (Lightning counts the CPU as one device)",
