@@ -148,10 +148,15 @@ def test_a_trainer_option_of_lightning_1_is_told_what_replaced_it(monkeypatch, c
                             "(or auto, or last)"), message  # fmt: skip
 
 
-@pytest.mark.parametrize("given", [["--trainer", "configs/trainer/cpu.yaml"], ["--model=configs/recipe/scratch.yaml"]])
+@pytest.mark.parametrize(
+    "given",
+    [["--trainer", "configs/trainer/cpu.yaml"], ["--model=configs/recipe/scratch.yaml"],
+     ["--trainer", "epochs.yaml", "--trainer", "configs/trainer/cpu.yaml"]],  # the one of two that is whole
+)  # fmt: skip
 def test_a_whole_config_given_to_one_group_is_told_to_go_to_config(monkeypatch, capsys, in_project_copy, given):
     # Lightning's docs give --trainer a file of the trainer's options alone; ours start with trainer:.
     # It was refused as the option trainer.trainer.accelerator, or offered the closest spellings of one.
+    (in_project_copy / "epochs.yaml").write_text("max_epochs: 2\n")
     group, file = given[0].partition("=")[0].removeprefix("--"), given[-1].partition("=")[2] or given[-1]
     message = refusal(monkeypatch, capsys, "fit", *given)
     assert message == f"error: {file} is a whole config (it sets trainer:): give it as --config {file}, not --{group}"
