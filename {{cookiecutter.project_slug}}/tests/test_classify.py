@@ -130,8 +130,8 @@ def test_images_in_a_folder_under_a_hidden_one_are_found(tiny_shapes, tmp_path):
 def test_a_folder_with_images_of_types_not_read_says_how_many(tiny_shapes, tmp_path):
     photos = tmp_path / "photos"
     shutil.copytree(tiny_shapes / "test" / CLASSES[0], photos)
-    (photos / "holiday.gif").write_bytes(b"")
-    with pytest.warns(UserWarning, match=rf"^Skipped 1 image file\(s\) under {photos} of types not read \(1 .gif\)"):
+    (photos / "holiday.heic").write_bytes(b"")
+    with pytest.warns(UserWarning, match=rf"^Skipped 1 image file\(s\) under {photos} of types not read \(1 .heic\)"):
         assert image_files([photos]) == sorted(photos.glob("*.png"))
 
 

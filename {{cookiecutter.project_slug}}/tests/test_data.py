@@ -308,7 +308,7 @@ def test_an_evaluation_with_a_val_folder_reads_nothing_of_the_training_images(tm
     # It listed them all (minutes for millions on a network file system) and warned of their files.
     make_folder(tmp_path / "train", {"cat": 3, "dog": 3})
     make_folder(tmp_path / "val", {"cat": 1, "dog": 2})
-    (tmp_path / "train" / "cat" / "scraped.gif").write_bytes(b"GIF89a")
+    (tmp_path / "train" / "cat" / "scraped.heic").write_bytes(b"")
     for stage, warned in ("validate", []), ("fit", ["Skipped 1 image file(s) under"]):
         data = ImageDataModule(tmp_path, num_workers=0)
         with warnings.catch_warnings(record=True) as caught:
@@ -326,10 +326,11 @@ def test_a_data_dir_under_the_home_folder_is_found_as_a_config_file_writes_it(mo
 
 
 def test_images_of_types_not_read_or_outside_the_class_folders_are_counted_in_one_warning(tmp_path):
-    # An iPhone's .heic photos or a scrape's .gif files were left out without a word: classes smaller than
-    # the user thinks. Other files (notes, label lists) are no images and pass unsaid.
+    # An iPhone's .heic photos or a scrape's files saved with no extension were left out without a word:
+    # classes smaller than the user thinks. Other files (notes, label lists) are no images and pass unsaid.
     make_folder(tmp_path, {"cat": 2, "dog": 2})
-    for name in ("cat/a.HEIC", "cat/b.heic", "dog/c.gif", "dog/notes.txt", "dog/.hidden.gif"):
+    unread = ("cat/a.HEIC", "cat/b.heic", "dog/c.avif", "dog/x", "dog/y", "dog/z")
+    for name in (*unread, "dog/notes.txt", "dog/.hidden.gif"):
         (tmp_path / name).write_bytes(b"")
     (tmp_path / "b.png").write_bytes(b"")
     (tmp_path / "a.jpg").write_bytes(b"")  # beside the class folders: no class of its own
@@ -342,8 +343,9 @@ def test_images_of_types_not_read_or_outside_the_class_folders_are_counted_in_on
         "the folder of its class."
     ]
     said = [str(warning.message) for warning in caught if "Skipped" in str(warning.message)]
-    assert said == [f"Skipped 3 image file(s) under {tmp_path} of types not read (2 .heic, 1 .gif): convert them to "
-                    ".jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp to use them."]  # fmt: skip
+    assert said == [f"Skipped 6 image file(s) under {tmp_path} of types not read (3 with no extension, 2 .heic, 1 "
+                    ".avif): convert or rename them to .jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp, .gif, "
+                    ".jfif, .jpe to use them."]  # fmt: skip
     assert len(data.train_set.samples + data.val_set.samples) == 4
 
 
@@ -395,6 +397,21 @@ def test_exif_orientation_is_applied(tmp_path):
         image.save(tmp_path / f"photo.{suffix}", exif=exif)
         assert read_rgb(str(tmp_path / f"photo.{suffix}")).shape == (3, 40, 20), suffix
         assert read_rgb((tmp_path / f"photo.{suffix}").read_bytes()).shape == (3, 40, 20), f"{suffix} in memory"
+
+
+def test_a_gif_and_a_jfif_are_read_from_the_class_folders_an_animated_gif_as_its_first_frame(tmp_path):
+    # They were left out as types not read, though read_rgb decodes them; an animated GIF came as all its frames.
+    make_folder(tmp_path, {"cat": 2, "dog": 2})
+    frames = [Image.new("RGB", (12, 8), (value, 0, 0)) for value in (200, 30, 90)]
+    frames[0].save(tmp_path / "cat" / "moving.gif", save_all=True, append_images=frames[1:], duration=100)
+    Image.new("RGB", (12, 8), (0, 200, 0)).save(tmp_path / "dog" / "saved.jfif", format="JPEG")
+    assert read_rgb(str(tmp_path / "cat" / "moving.gif")).shape == (3, 8, 12)
+    assert read_rgb((tmp_path / "cat" / "moving.gif").read_bytes()).shape == (3, 8, 12)  # as serve gets it
+    assert read_rgb(str(tmp_path / "cat" / "moving.gif"))[0, 0, 0] > 150  # the first frame's red
+    data = ImageDataModule(tmp_path, num_workers=0, val_fraction=0.3)
+    data.setup("fit")
+    read = [Path(path).name for path, _ in data.train_set.samples + data.val_set.samples]
+    assert {"moving.gif", "saved.jfif"} <= set(read) and len(read) == 6
 
 
 def test_16_bit_grey_tiff_keeps_its_levels(tmp_path):

@@ -18,11 +18,10 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, Sampler
-from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from .datasets import shapes
-from .datasets.images import ImageFiles, collate_readable, first_readable
+from .datasets.images import IMAGE_SUFFIXES, ImageFiles, collate_readable, first_readable
 from .datasets.sampling import (
     ClassBalancedSampler,
     EpochSampler,
@@ -828,7 +827,7 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
         )
     if empty:
         raise DataError(
-            f"No images ({', '.join(IMG_EXTENSIONS)}) in the class folder(s) {', '.join(empty)} of {folder}: "
+            f"No images ({', '.join(IMAGE_SUFFIXES)}) in the class folder(s) {', '.join(empty)} of {folder}: "
             "add images or remove the folders."
         )
     if unreadable:
@@ -843,7 +842,8 @@ def image_files_under(folder: Path, other_images: Counter | None = None, links: 
     """Image files under a folder, skipping hidden files and folders (.ipynb_checkpoints, macOS ._
     files). The folder itself or an image may be a link; a linked sub-folder is not followed, as a
     link to a parent would label the other classes' images with this class: such folders are added
-    to `links`. Images of other types (.gif, .heic) are counted by extension into `other_images`."""
+    to `links`. Images of other types (.heic, .avif) are counted by extension into `other_images`,
+    and files with no extension, which a class folder holds only as images saved without one."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -852,14 +852,16 @@ def image_files_under(folder: Path, other_images: Counter | None = None, links: 
         for name in (f for f in files if not f.startswith(".")):
             if is_image_name(name):
                 found.append(os.path.join(root, name))
+            elif other_images is not None and not os.path.splitext(name)[1]:  # in a class folder: likely an image
+                other_images["with no extension"] += 1
             elif other_images is not None and (mimetypes.guess_type(name)[0] or "").startswith("image/"):
                 other_images[os.path.splitext(name)[1].lower()] += 1
     return found
 
 
 def is_image_name(name: str) -> bool:
-    """A file the image folders read: not hidden (macOS ._ files), of a type in IMG_EXTENSIONS."""
-    return not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS)
+    """A file the image folders read: not hidden (macOS ._ files), of a type in IMAGE_SUFFIXES."""
+    return not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES)
 
 
 def other_images_warning(other_images: Counter, folder: Path) -> str | None:
@@ -868,8 +870,8 @@ def other_images_warning(other_images: Counter, folder: Path) -> str | None:
         return None
     kinds = ", ".join(f"{count} {extension}" for extension, count in other_images.most_common())
     return (
-        f"Skipped {other_images.total()} image file(s) under {folder} of types not read ({kinds}): convert them "
-        f"to {', '.join(IMG_EXTENSIONS)} to use them."
+        f"Skipped {other_images.total()} image file(s) under {folder} of types not read ({kinds}): convert or "
+        f"rename them to {', '.join(IMAGE_SUFFIXES)} to use them."
     )
 
 

@@ -13,11 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ..cli import configured_runs
 from ..data import image_files_under, other_images_warning
-from ..datasets.images import labelled_image
+from ..datasets.images import IMAGE_SUFFIXES, labelled_image
 from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError
 from ..training.predictions import csv_header, csv_row, top_classes
 from ..training.resume import check_checkpoint
@@ -34,7 +33,7 @@ def image_files(inputs: list[Path]) -> list[Path]:
             if warning := other_images_warning(other_images, given):
                 warnings.warn(warning, stacklevel=1)
             if not images:
-                raise MissingError(f"No images ({', '.join(IMG_EXTENSIONS)}) in {given} or its folders.")
+                raise MissingError(f"No images ({', '.join(IMAGE_SUFFIXES)}) in {given} or its folders.")
             found += images
         elif given.is_file():
             found.append(given)

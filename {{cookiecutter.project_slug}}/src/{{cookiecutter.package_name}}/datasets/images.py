@@ -11,12 +11,17 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch.utils.data import Dataset, default_collate
+from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..errors import DataError
 from .sampling import seeded_draws
+
+# The file types that the image folders take: torchvision's, GIF (its first frame) and JPEG's other
+# names (.jfif, as Windows browsers save web images). All of them `read_rgb` decodes.
+IMAGE_SUFFIXES = (*IMG_EXTENSIONS, ".gif", ".jfif", ".jpe")
 
 # What the decoders raise for a damaged or unsupported image file.
 DECODE_ERRORS = (RuntimeError, OSError, ValueError)
@@ -114,13 +119,15 @@ def first_readable(paths: list[str]) -> str | None:
 
 def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
     """Decode an image file, or its bytes, to a 3×H×W tensor (uint8, or uint16 for 16-bit PNG),
-    upright as its EXIF orientation says; grey, alpha, palette and CMYK images become RGB, and float
-    grey ones are read as 0..1 (or as 0..255 where a value is above 1)."""
+    upright as its EXIF orientation says; grey, alpha, palette and CMYK images become RGB, float
+    grey ones are read as 0..1 (or as 0..255 where a value is above 1), and an animated GIF is its
+    first frame."""
     in_memory = not isinstance(source, str)
     if not is_webp(source):  # torchvision.io decodes WebP without turning it upright: PIL does both
         encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
         with contextlib.suppress(RuntimeError):  # formats torchvision.io cannot decode (BMP, TIFF, PPM)
-            return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+            decoded = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+            return decoded[0] if decoded.ndim == 4 else decoded  # an animated GIF: its first frame, as a still shows
     try:
         opened = Image.open(io.BytesIO(source) if in_memory else source)
     except UnidentifiedImageError:
