@@ -216,11 +216,14 @@ def test_checkpoint_paths_are_checked_before_anything_reads_them(tmp_path):
         check_checkpoint(str(tmp_path / "best_model.ckpt"))
 
 
-@pytest.mark.parametrize("layout", ["missing", "a file", "one class", "empty class"])
+@pytest.mark.parametrize("layout", ["missing", "a file", "one class", "empty class", "one folder more"])
 def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, tmp_path, layout):
     data = tmp_path / "data"
     if layout == "one class":
         shutil.copytree(tiny_shapes / "train" / "circle", data / "circle")
+    elif layout == "one folder more":  # unpacked from shapes.zip, beside what a Mac adds to a zip
+        shutil.copytree(tiny_shapes, data / "shapes")
+        (data / "__MACOSX" / "shapes").mkdir(parents=True)
     elif layout == "empty class":
         shutil.copytree(tiny_shapes / "train", data)
         shutil.rmtree(data / "circle")
@@ -228,7 +231,10 @@ def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, 
     elif layout == "a file":  # an archive not unpacked yet
         data.write_bytes(b"PK\x05\x06" + bytes(18))
     expected = {"missing": f"Data folder {data} does not exist.", "a file": f"Data folder {data} is a file.",
-                "one class": "needs at least two", "empty class": "No images"}[layout]  # fmt: skip
+                "one class": "needs at least two: put each class's images in a folder of its own under it.",
+                "empty class": "No images", "one folder more": f"{data} has 1 class folder(s) (shapes); a classifier "
+                f"needs at least two: if the 3 folders in shapes are the classes or the splits, set data.data_dir to "
+                f"{data / 'shapes'}."}[layout]  # fmt: skip
     # Not a fast_dev_run, whose logger keeps nothing: the default logger's run must not have begun.
     line = refusal(monkeypatch, capsys, *fit(data), "--trainer.fast_dev_run=false")
     assert expected in line

@@ -89,3 +89,14 @@ def test_a_second_setup_reads_the_folders_again(tmp_path, tiny_shapes):
 )
 def test_impossible_folds_are_refused_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, options, named):
     assert named in refusal(monkeypatch, capsys, "fit", *ON_CPU, *on_data(tiny_shapes), *options)
+
+
+def test_folds_over_a_class_of_one_image_are_refused_with_a_fix_that_exists(tiny_shapes, tmp_path):
+    # It said "Use at most 1 folds", which data.num_folds refuses.
+    shutil.copytree(tiny_shapes / "train", tmp_path / "train")
+    for extra in sorted((tmp_path / "train" / "circle").iterdir())[1:]:
+        extra.unlink()
+    with pytest.raises(data_module.DataError) as refused:
+        data_module.fold_pool(tmp_path, 3)
+    assert str(refused.value).endswith("fewer than the 3 folds: some folds would validate on none of them. Add images "
+                                       "of it, or remove it.")  # fmt: skip

@@ -140,12 +140,28 @@ def uneven_folder(root, counts: dict[str, int]):
     return root
 
 
+@pytest.mark.parametrize("balanced", [False, True])
+def test_the_imbalance_warning_is_said_until_a_remedy_it_names_is_on(tmp_path, balanced):
+    # It was said again with the remedy on, as if the option had not taken.
+    data = ImageDataModule(uneven_folder(tmp_path / "uneven", {"common": 40, "rare": 3}), balanced_sampling=balanced)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data.setup("fit")
+    said = [str(warning.message) for warning in caught if "Severe class imbalance" in str(warning.message)]
+    assert said == ([] if balanced else [
+        "Severe class imbalance: rare (2) against 32 training images for common. Accuracy will mostly reflect the "
+        "common classes (watch val/f1); consider model.class_weights: balanced or data.balanced_sampling: true."
+    ])  # fmt: skip
+
+
 def test_balanced_class_weights_are_the_inverse_class_frequencies(in_project_copy, tmp_path):
     folder = uneven_folder(tmp_path / "uneven", {"common": 40, "middle": 12, "rare": 3})
     # With the EMA, which copies the model before the weights are known.
-    with pytest.warns(UserWarning, match=r"Severe class imbalance: rare \(2\) against 32 training images for common"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         options = ["--trainer.fast_dev_run=2", "--model.class_weights=balanced", f"--trainer.callbacks+={EMA}"]
         cli = fitted(folder, *options)
+    assert not [warning for warning in caught if "Severe class imbalance" in str(warning.message)]  # the remedy is on
     counts = cli.datamodule.train_class_counts()
     assert counts == [32, 10, 2]  # 20% of each class held out for validation
     total = sum(counts)
@@ -270,13 +286,19 @@ def test_a_data_module_alone_warns_of_no_imbalance_in_balanced_data(tiny_shapes,
     assert not [message for message in warned if "imbalance" in message or "hold none" in message]
 
 
-@pytest.mark.parametrize("split_by", ["a val/ folder without the class", "a split of a class of one image"])
+@pytest.mark.parametrize(
+    "split_by",
+    ["a val/ folder without the class", "a val/ folder, its folder empty", "a split of a class of one image"],
+)
 def test_a_class_the_validation_images_lack_is_named(tmp_path, split_by):
-    # val/acc, which picks the best checkpoint, and val/f1 would be silent about it.
+    # val/acc, which picks the best checkpoint, and val/f1 would be silent about it. (An empty folder of
+    # the class in val/ stopped the run, where a val/ without it warned.)
     counts = {"circle": 6, "square": 6, "star": 1 if split_by.startswith("a split") else 6}
     folder = uneven_folder(tmp_path / "data" / "train", counts).parent
     if split_by.startswith("a val/"):
         uneven_folder(folder / "val", {"circle": 2, "square": 2})
+    if split_by.endswith("empty"):
+        (folder / "val" / "star").mkdir()
     for stage in ("fit", "validate"):
         with pytest.warns(UserWarning, match="The validation images hold none of star: val/acc and the checkpoints"):
             ImageDataModule(folder, num_workers=0).setup(stage)

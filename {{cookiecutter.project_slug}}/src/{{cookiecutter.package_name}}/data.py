@@ -234,7 +234,11 @@ class ImageDataModule(L.LightningDataModule):
             # A checkpoint is read after this, if at all: what a previous fit of this data module read is not ours.
             self._train_loader, self._epoch_position, self._resumed_epoch = None, None, None
             rank_zero_info(self.describe_splits())
-            if warning := imbalance_warning(self.train_class_counts(), self.class_names):
+            # Unsaid once a remedy it names is on: this module's balanced sampling, or the model's class weights.
+            model = getattr(self.trainer, "lightning_module", None)
+            weighted = model is not None and model.hparams.get("class_weights") == "balanced"
+            remedied = self.hparams.balanced_sampling or weighted
+            if not remedied and (warning := imbalance_warning(self.train_class_counts(), self.class_names)):
                 rank_zero_warn(warning)
         validates = stage in ("fit", "validate") and (self.trainer is None or self.trainer.limit_val_batches != 0)
         if validates and (warning := unvalidated_warning(self.class_counts("val"), self.class_names)):
@@ -708,7 +712,7 @@ def split_samples(
     train_dir, val_dir = train_folder(data_dir), split_folder(data_dir, "val")
     if val_dir:
         train = find_images(train_dir, classes) if training else []
-        splits = {"train": train, "val": find_images(val_dir, classes)}
+        splits = {"train": train, "val": find_images(val_dir, classes, held_out=True)}
     else:
         samples = find_images(train_dir, classes)
         names = [os.path.relpath(path, train_dir) for path, _ in samples]
@@ -726,7 +730,7 @@ def with_test_split(splits: dict[str, list], data_dir: Path, classes: list[str])
     """`splits` and, when there is a test/ folder, its images as the test split, whatever split the rest;
     the evaluated splits (val, test) with their classes interleaved."""
     if test_dir := split_folder(data_dir, "test"):
-        splits["test"] = find_images(test_dir, classes)
+        splits["test"] = find_images(test_dir, classes, held_out=True)
     return {name: samples if name == "train" else interleaved(samples) for name, samples in splits.items()}
 
 
@@ -753,7 +757,8 @@ def fold_pool(data_dir: Path, num_folds: int) -> list[tuple[str, int]]:
     if counts[rarest] < num_folds:
         raise DataError(
             f"The class {classes[rarest]} has {counts[rarest]} training images in {train_dir}, fewer than the "
-            f"{num_folds} folds: some folds would validate on none of them. Use at most {counts[rarest]} folds."
+            f"{num_folds} folds: some folds would validate on none of them. "
+            + (f"Use at most {counts[rarest]} folds." if counts[rarest] > 1 else "Add images of it, or remove it.")
         )
     return samples
 
@@ -777,9 +782,14 @@ class TooFewClassesError(DataError):
 
     def __init__(self, folder: Path, classes: list[str]) -> None:
         self.folder = folder
+        fix = "put each class's images in a folder of its own under it"
+        inner = folder / _subfolders(folder)[0] if len(classes) == 1 else None
+        if inner is not None and len(within := _subfolders(inner)) > 1:  # a dataset unpacked into a folder of its own
+            fix = f"if the {len(within)} folders in {inner.name} are the classes or the splits, "
+            fix += f"set data.data_dir to {inner}"
         super().__init__(
             f"{folder} has {len(classes)} class folder(s) ({', '.join(classes) or 'none'}); a classifier needs "
-            "at least two: put each class's images in a folder of its own under it."
+            f"at least two: {fix}."
         )
 
 
@@ -792,8 +802,9 @@ def find_classes(folder: Path) -> list[str]:
     return classes
 
 
-def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
-    """Every image under `folder/<class>/`, labelled by the class's index in `classes`."""
+def find_images(folder: Path, classes: list[str], held_out: bool = False) -> list[tuple[str, int]]:
+    """Every image under `folder/<class>/`, labelled by the class's index in `classes`. The validation
+    or test images (`held_out`) may lack a class, whose empty folder is then as if absent."""
     folders = {unicodedata.normalize("NFC", name): name for name in _subfolders(folder)}  # as find_classes names
     unknown = sorted(set(folders) - set(classes))
     if unknown:
@@ -810,7 +821,7 @@ def find_images(folder: Path, classes: list[str]) -> list[tuple[str, int]]:
     for label, name in enumerate(classes):
         class_dir = folder / folders.get(name, name)
         paths = sorted(image_files_under(class_dir, other_images, links))
-        if class_dir.is_dir() and not paths:
+        if class_dir.is_dir() and not paths and not held_out:
             empty.append(repr(name))
         # Skipped one by one in training, a class's images all unreadable would leave it untrained, and
         # validated on nothing: its accuracy out of every metric, with no word but the skips'.
@@ -876,7 +887,12 @@ def other_images_warning(other_images: Counter, folder: Path) -> str | None:
 
 
 def _subfolders(folder: Path) -> list[str]:
-    return sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
+    """The folders in `folder`, but hidden ones and the __MACOSX folder of a zip made on a Mac."""
+    return sorted(
+        entry.name
+        for entry in os.scandir(folder)
+        if entry.is_dir() and entry.name[0] != "." and entry.name != "__MACOSX"
+    )
 
 
 def stratified_split(
