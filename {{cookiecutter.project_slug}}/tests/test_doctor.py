@@ -126,6 +126,19 @@ def test_the_data_is_checked_as_fit_reads_it(monkeypatch, capsys, in_project_cop
     assert code in (0, None) and line.startswith("   ok  data: 72 training and 24 validation image files in 6 classes")
 
 
+{%- if cookiecutter.logger == "wandb" %}
+
+
+def test_the_w_and_b_loggers_package_missing_fails(monkeypatch, project_config):
+    # Every check passed, and fit then stopped at the logger's start.
+    find_spec = doctor.importlib.util.find_spec
+    monkeypatch.setattr(doctor.importlib.util, "find_spec", lambda name: None if name == "wandb" else find_spec(name))
+    wandb = config(logger=project_config["trainer"]["logger"])
+    assert [check.what for check in failures(NO_GPU, wandb)] == ["wandb, the W&B logger's package, is not installed"]
+    assert failures(NO_GPU, config(logger={"class_path": "lightning.pytorch.loggers.CSVLogger"})) == []
+{%- endif %}
+
+
 def test_a_config_that_does_not_parse_is_one_error_line(monkeypatch, capsys, in_project_copy):
     (in_project_copy / "typo.yaml").write_text("data:\n  batch_sise: 2\n")
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "doctor", "--config=typo.yaml"])

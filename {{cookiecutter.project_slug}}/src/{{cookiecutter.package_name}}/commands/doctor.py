@@ -4,6 +4,7 @@ One line per check: a verdict, what was found and, where it fails, the fix. `--j
 same as data; `--smoke` then trains for a few batches (smoke_test.py), as the project's generation did.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -57,7 +58,8 @@ def checks(facts: dict, config: dict) -> list[Check]:
     devices = settings.device_count or max(1, len(facts["gpus"]))
     found += data_checks(facts, data, devices)
 {%- if cookiecutter.logger == "wandb" %}
-    found.append(wandb_check())
+    if "Wandb" in str(trainer.get("logger")):  # the W&B logger, the project's or Lightning's
+        found.append(wandb_check())
 {%- endif %}
     return found
 
@@ -119,6 +121,8 @@ def data_folder_check(data: dict) -> Check:
 
 
 def wandb_check() -> Check:
+    if importlib.util.find_spec("wandb") is None:  # fit would stop as the logger starts
+        return Check("fail", "wandb, the W&B logger's package, is not installed", "pip install wandb")
     if os.environ.get("WANDB_MODE"):
         return Check("info", f"W&B mode {os.environ['WANDB_MODE']} (from WANDB_MODE)")
     if has_api_key():
