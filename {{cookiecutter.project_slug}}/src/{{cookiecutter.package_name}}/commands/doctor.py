@@ -4,7 +4,9 @@ One line per check: a verdict, what was found and, where it fails, the fix. `--j
 same as data; `--smoke` then trains for a few batches (smoke_test.py), as the project's generation did.
 """
 
+{% if cookiecutter.logger == "wandb" -%}
 import importlib.util
+{% endif -%}
 import json
 import os
 import shutil
