@@ -3,13 +3,17 @@ both mixed precisions run, sharded checkpoints resume and consolidate, and batch
 from pinned memory without blocking the host."""
 
 import json
+import sys
 from pathlib import Path
 from unittest import mock
 
 import lightning as L
 import pytest
 import torch
-from test_distributed import CSV_LOGGER, data, fit, record, seen
+from conftest import command_env, run_group
+from test_distributed import CSV_LOGGER, TIMEOUT, data, fit, record, seen
+from test_exact_resume import plain_images, seen_images
+from test_exact_resume import record as record_images
 
 from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.model import ImageClassifier
@@ -91,6 +95,27 @@ def test_a_sharded_checkpoint_resumes_and_consolidates_into_the_trained_weights(
         untrained = ImageClassifier(**model.hparams).cuda().eval()(images).double().cpu()
     assert torch.allclose(logits, validated["logits"][0], atol=1e-2)
     assert not torch.allclose(untrained, validated["logits"][0], atol=1e-2), "the check could not tell"
+
+
+@pytest.mark.parametrize("preset", ["fsdp", "deepspeed_stage2"])
+def test_a_sharded_run_resumed_mid_epoch_trains_on_the_images_it_had_not_seen(in_project_copy, tiny_shapes, preset):
+    # FSDP and DeepSpeed read a checkpoint after their setup, by when the learning-rate schedule has
+    # made the training loader: the data module must place that loader in the epoch (test_distributed
+    # checks FSDP2 in CPU processes; DeepSpeed runs on GPUs only). 18 steps of 4 images, stopped at 10.
+    needs_what_it_runs(preset)
+    common = [f"--config=configs/trainer/{preset}.yaml", "--trainer.devices=1", "--trainer.max_epochs=1",
+              "--trainer.limit_val_batches=1", "--trainer.precision=32-true", *CSV_LOGGER, *data(tiny_shapes),
+              *plain_images()]  # fmt: skip
+    trained = {name: [*common, record_images(in_project_copy / name)] for name in ("whole", "parts")}
+    fit(in_project_copy, *trained["whole"])
+    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 10}})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *trained["parts"],
+               f"--trainer.callbacks+={sigterm}"]  # fmt: skip
+    stopped = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
+    assert stopped.returncode == 143, stopped.stderr[-4000:]
+    fit(in_project_copy, *trained["parts"], "--ckpt_path=auto")
+    whole, parts = (seen_images(in_project_copy / name / "trained0.jsonl") for name in ("whole", "parts"))
+    assert len(whole) == 72 and parts == whole, "the resumed epoch trained again on images it had seen"
 
 
 def test_batches_reach_the_gpu_from_pinned_memory_without_blocking(tiny_shapes):
