@@ -1,6 +1,7 @@
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import data as data_module
 from {{ cookiecutter.package_name }}.data import ImageDataModule, auto_workers, stratified_split
+from {{ cookiecutter.package_name }}.datasets import images as images_module
 from {{ cookiecutter.package_name }}.datasets.images import read_rgb
 from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -329,9 +331,10 @@ def test_images_of_types_not_read_or_outside_the_class_folders_are_counted_in_on
     # An iPhone's .heic photos or a scrape's files saved with no extension were left out without a word:
     # classes smaller than the user thinks. Other files (notes, label lists) are no images and pass unsaid.
     make_folder(tmp_path, {"cat": 2, "dog": 2})
-    unread = ("cat/a.HEIC", "cat/b.heic", "dog/c.avif", "dog/x", "dog/y", "dog/z")
-    for name in (*unread, "dog/notes.txt", "dog/.hidden.gif"):
+    for name in ("cat/a.HEIC", "cat/b.heic", "dog/c.avif", "dog/notes.txt", "dog/.hidden.gif", "dog/LICENSE"):
         (tmp_path / name).write_bytes(b"")
+    for name in "xyz":  # PNGs saved with no extension
+        shutil.copy(tmp_path / "dog" / "0.png", tmp_path / "dog" / name)
     (tmp_path / "b.png").write_bytes(b"")
     (tmp_path / "a.jpg").write_bytes(b"")  # beside the class folders: no class of its own
     data = ImageDataModule(tmp_path, num_workers=0, val_fraction=0.5)
@@ -412,6 +415,29 @@ def test_a_gif_and_a_jfif_are_read_from_the_class_folders_an_animated_gif_as_its
     data.setup("fit")
     read = [Path(path).name for path, _ in data.train_set.samples + data.val_set.samples]
     assert {"moving.gif", "saved.jfif"} <= set(read) and len(read) == 6
+
+
+def test_an_animated_gif_is_read_without_decoding_its_other_frames(monkeypatch, tmp_path):
+    # torchvision decoded every frame, and the first was kept: a GIF of a few MB took GBs.
+    frames = [Image.new("RGB", (12, 8), (value, 0, 0)) for value in (200, 30, 90)]
+    frames[0].save(tmp_path / "moving.gif", save_all=True, append_images=frames[1:], duration=100)
+    monkeypatch.setattr(images_module, "decode_image", lambda *args, **kwargs: pytest.fail("every frame decoded"))
+    assert read_rgb(str(tmp_path / "moving.gif"))[:, 0, 0].tolist() == [200, 0, 0]
+    assert read_rgb((tmp_path / "moving.gif").read_bytes())[:, 0, 0].tolist() == [200, 0, 0]
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_held_out_images_may_lack_a_class_but_not_every_class(tmp_path, split):
+    # An empty class folder among them is a class they lack, as a missing one; with every one empty there
+    # is nothing to evaluate, which Lightning let pass with a note on a loader of length zero.
+    make_folder(tmp_path / "train", {"cat": 3, "dog": 3})
+    make_folder(tmp_path / split, {"cat": 1})
+    (tmp_path / split / "dog").mkdir()
+    stage = {"val": "validate", "test": "test"}[split]
+    ImageDataModule(tmp_path, num_workers=0).setup(stage)
+    (tmp_path / split / "cat" / "0.png").unlink()
+    with pytest.raises(DataError, match=rf"No images .* in the class folder\(s\) 'cat', 'dog' of {tmp_path / split}:"):
+        ImageDataModule(tmp_path, num_workers=0).setup(stage)
 
 
 def test_16_bit_grey_tiff_keeps_its_levels(tmp_path):

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.transforms import v2
 
 from .datasets import shapes
-from .datasets.images import IMAGE_SUFFIXES, ImageFiles, collate_readable, first_readable
+from .datasets.images import IMAGE_SUFFIXES, ImageFiles, collate_readable, first_readable, looks_like_an_image
 from .datasets.sampling import (
     ClassBalancedSampler,
     EpochSampler,
@@ -821,7 +821,7 @@ def find_images(folder: Path, classes: list[str], held_out: bool = False) -> lis
     for label, name in enumerate(classes):
         class_dir = folder / folders.get(name, name)
         paths = sorted(image_files_under(class_dir, other_images, links))
-        if class_dir.is_dir() and not paths and not held_out:
+        if class_dir.is_dir() and not paths:
             empty.append(repr(name))
         # Skipped one by one in training, a class's images all unreadable would leave it untrained, and
         # validated on nothing: its accuracy out of every metric, with no word but the skips'.
@@ -836,7 +836,7 @@ def find_images(folder: Path, classes: list[str], held_out: bool = False) -> lis
             f"{os.path.relpath(links[0], folder)}) are not followed, as a link to a parent would give the other "
             "classes' images this class: link the images themselves, or copy the folder."
         )
-    if empty:
+    if empty and (not held_out or not samples):  # validation or test images lacking a class warn (data.setup)
         raise DataError(
             f"No images ({', '.join(IMAGE_SUFFIXES)}) in the class folder(s) {', '.join(empty)} of {folder}: "
             "add images or remove the folders."
@@ -854,7 +854,7 @@ def image_files_under(folder: Path, other_images: Counter | None = None, links: 
     files). The folder itself or an image may be a link; a linked sub-folder is not followed, as a
     link to a parent would label the other classes' images with this class: such folders are added
     to `links`. Images of other types (.heic, .avif) are counted by extension into `other_images`,
-    and files with no extension, which a class folder holds only as images saved without one."""
+    and images saved with no extension (a scrape's) as such."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -863,8 +863,9 @@ def image_files_under(folder: Path, other_images: Counter | None = None, links: 
         for name in (f for f in files if not f.startswith(".")):
             if is_image_name(name):
                 found.append(os.path.join(root, name))
-            elif other_images is not None and not os.path.splitext(name)[1]:  # in a class folder: likely an image
-                other_images["with no extension"] += 1
+            elif other_images is not None and not os.path.splitext(name)[1]:
+                if looks_like_an_image(os.path.join(root, name)):  # not a LICENSE or a macOS Icon file
+                    other_images["with no extension"] += 1
             elif other_images is not None and (mimetypes.guess_type(name)[0] or "").startswith("image/"):
                 other_images[os.path.splitext(name)[1].lower()] += 1
     return found

@@ -4,6 +4,7 @@ skipped with a warning naming it; what the {{ "folder and streaming datasets" if
 import contextlib
 import functools
 import io
+import re
 import warnings
 from collections.abc import Callable
 
@@ -22,7 +23,9 @@ from .sampling import seeded_draws
 # The file types that the image folders take: torchvision's, GIF (its first frame) and JPEG's other
 # names (.jfif, as Windows browsers save web images). All of them `read_rgb` decodes.
 IMAGE_SUFFIXES = (*IMG_EXTENSIONS, ".gif", ".jfif", ".jpe")
-
+# How image files begin (JPEG, PNG, GIF, BMP, TIFF both ways, WebP's and HEIC's or AVIF's containers),
+# for a file saved without an extension.
+IMAGE_SIGNATURES = re.compile(rb"\xff\xd8\xff|\x89PNG|GIF8|BM|II\*\x00|MM\x00\*|RIFF....WEBP|....ftyp", re.DOTALL)
 # What the decoders raise for a damaged or unsupported image file.
 DECODE_ERRORS = (RuntimeError, OSError, ValueError)
 
@@ -123,11 +126,10 @@ def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
     grey ones are read as 0..1 (or as 0..255 where a value is above 1), and an animated GIF is its
     first frame."""
     in_memory = not isinstance(source, str)
-    if not is_webp(source):  # torchvision.io decodes WebP without turning it upright: PIL does both
+    if not pil_reads_better(source):
         encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
         with contextlib.suppress(RuntimeError):  # formats torchvision.io cannot decode (BMP, TIFF, PPM)
-            decoded = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-            return decoded[0] if decoded.ndim == 4 else decoded  # an animated GIF: its first frame, as a still shows
+            return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
     try:
         opened = Image.open(io.BytesIO(source) if in_memory else source)
     except UnidentifiedImageError:
@@ -147,8 +149,17 @@ def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
         return pil_to_tensor(image.convert("RGB"))
 
 
-def is_webp(source: str | bytes | memoryview) -> bool:
-    """Whether an image file (by its name, not to open every file twice) or its bytes is WebP."""
+def pil_reads_better(source: str | bytes | memoryview) -> bool:
+    """Whether an image file (by its name, not to open every file twice) or its bytes is WebP, which
+    torchvision.io decodes without turning it upright, or GIF, every frame of which it decodes (an
+    animated one of a few MB can take GBs): PIL turns the one upright and reads the other's first frame."""
     if isinstance(source, str):
-        return source.lower().endswith(".webp")
-    return bytes(source[:4]) == b"RIFF" and bytes(source[8:12]) == b"WEBP"
+        return source.lower().endswith((".webp", ".gif"))
+    return bytes(source[:4]) == b"RIFF" and bytes(source[8:12]) == b"WEBP" or bytes(source[:4]) == b"GIF8"
+
+
+def looks_like_an_image(path: str) -> bool:
+    """Whether a file begins as image files do, whatever its name."""
+    with contextlib.suppress(OSError), open(path, "rb") as file:
+        return IMAGE_SIGNATURES.match(file.read(12)) is not None
+    return False
