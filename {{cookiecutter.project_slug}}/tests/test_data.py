@@ -421,6 +421,8 @@ def test_an_animated_gif_is_read_without_decoding_its_other_frames(monkeypatch, 
     # torchvision decoded every frame, and the first was kept: a GIF of a few MB took GBs.
     frames = [Image.new("RGB", (12, 8), (value, 0, 0)) for value in (200, 30, 90)]
     frames[0].save(tmp_path / "moving.gif", save_all=True, append_images=frames[1:], duration=100)
+    (tmp_path / "moving.jpg").write_bytes((tmp_path / "moving.gif").read_bytes())  # misnamed: torchvision decodes it
+    assert read_rgb(str(tmp_path / "moving.jpg"))[:, 0, 0].tolist() == [200, 0, 0]
     monkeypatch.setattr(images_module, "decode_image", lambda *args, **kwargs: pytest.fail("every frame decoded"))
     assert read_rgb(str(tmp_path / "moving.gif"))[:, 0, 0].tolist() == [200, 0, 0]
     assert read_rgb((tmp_path / "moving.gif").read_bytes())[:, 0, 0].tolist() == [200, 0, 0]

@@ -129,7 +129,8 @@ def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
     if not pil_reads_better(source):
         encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
         with contextlib.suppress(RuntimeError):  # formats torchvision.io cannot decode (BMP, TIFF, PPM)
-            return decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+            decoded = decode_image(encoded, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+            return decoded[0] if decoded.ndim == 4 else decoded  # a GIF under another name: its frames
     try:
         opened = Image.open(io.BytesIO(source) if in_memory else source)
     except UnidentifiedImageError:
