@@ -1,7 +1,7 @@
 """`python -m {{ cookiecutter.package_name }} sweep SPACE.yaml [--trials N] [fit options]`: an Optuna search.
 
 Each trial is a `fit` run, with the options the sampler draws from SPACE (search_space.py), in a
-folder of its own, sweeps/<study>/trials/<number>/ (config.yaml, logs, checkpoints), on one device.
+folder of its own, sweeps/<study>/trials/<number, as 0003>/ (config.yaml, logs, checkpoints), on one device.
 A median pruner stops trials whose monitored metric (the checkpoints', val/acc) falls behind
 earlier trials' at the same epoch. The study lives in an Optuna storage: by default a journal file
 in the sweep's folder, which every `sweep` process with the same study shares, on one machine or on
