@@ -261,9 +261,8 @@ def step(title: str, command: list[str], log: Path) -> None:
     say(f"{title} ...", log)
     env = os.environ | {"PYTHONUNBUFFERED": "1", "PIP_DEFAULT_TIMEOUT": "30", "UV_HTTP_TIMEOUT": "30"}
     output, show = [], sys.stdout.isatty()
-    with log.open("a") as file:
+    with log.open("a", buffering=1) as file:  # line by line, for a `tail -f` of the log
         file.write(f"\n$ {' '.join(command)}\n")
-        file.flush()
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as process:
             for count, line in enumerate(process.stdout, 1):
                 output.append(line)

@@ -79,7 +79,7 @@ def test_a_ctrl_c_during_the_install_says_how_to_finish_it(tmp_path):
         try:
             deadline = time.monotonic() + 120
             log = tmp_path / "runs/smoke-test/setup.log"
-            while not (log.is_file() and "$ .venv/bin/python -m pip install" in log.read_text()):
+            while not (log.is_file() and "Looking in indexes" in log.read_text()):  # pip runs, and waits on it
                 assert setup.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
             os.killpg(setup.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the installer too
