@@ -310,7 +310,7 @@ def test_a_process_that_fails_is_told_once_and_the_others_say_why_they_stopped(i
                *ON_CPU, "--trainer.devices=2", "--trainer.max_epochs=1", *CSV_LOGGER, *data(tiny_shapes),
                f"--trainer.callbacks+={unreadable}"]  # fmt: skip
     result = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
-    assert result.returncode == 1, result.stderr[-4000:]
+    assert result.returncode != 0, result.stderr[-4000:]  # 1, or Lightning's launcher's SIGKILL to rank 0
     assert "Traceback" not in result.stderr, result.stderr[-4000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors[0] == f"error: Cannot read the image broken.png in process {failing}", errors

@@ -309,6 +309,8 @@ GLOO = "[/pytorch/third_party/gloo/gloo/transport/tcp/{}] "
     [
         (2, GLOO.format("pair.cc:561") + "Connection closed by peer [127.0.0.1]:1462. This is typically caused by "
          "a remote worker crashing.", "process 1 of 2 stopped: another process of this run ended first"),
+        (2, GLOO.format("pair.cc:589") + "Read error [127.0.0.1]:35170: Connection reset by peer",
+         "process 1 of 2 stopped: another process of this run ended first"),
         (2, GLOO.format("unbound_buffer.cc:78") + "Timed out waiting 5000ms for recv operation to complete",
          "process 1 of 2 stopped: another process of this run did not reach the same step within the timeout"),
         (1, GLOO.format("pair.cc:561") + "Connection closed by peer [127.0.0.1]:1462.", None),  # no other process

@@ -18,8 +18,8 @@ TRACEBACK_VARIABLE = "{{ cookiecutter.package_name | upper }}_TRACEBACK"
 # The first line of what a collective raises in a process whose peer has ended (gloo's closed or reset
 # connection, NCCL's aborted communicator or remote error), or has not come within the strategy's timeout.
 GLOO = r"gloo/\S+\] "  # the source file's path that begins gloo's messages
-PEER_GONE = re.compile(rf"{GLOO}Connection (closed|reset) by peer|NCCL communicator was aborted|remote process exited")
-PEER_LATE = re.compile(rf"{GLOO}Timed out waiting \d+ms|^Application timeout caused pair closure|Watchdog caught")
+PEER_GONE = re.compile(rf"{GLOO}.*(by peer|Broken pipe)|NCCL communicator was aborted|remote process exited")
+PEER_LATE = re.compile(rf"{GLOO}.*Timed out waiting \d+ms|^Application timeout caused pair closure|Watchdog caught")
 
 
 class UserError(Exception):
