@@ -180,8 +180,10 @@ def test_a_ctrl_c_during_the_install_keeps_the_project_and_says_how_to_finish(tm
         index = f"http://127.0.0.1:{silent.getsockname()[1]}/simple"
         env = hook_env({FORCE: "1", "PIP_INDEX_URL": index, CPU_WHEELS: index})
         command = cookiecutter_command(tmp_path, setup_env="venv", smoke_test="yes")
+        # As a terminal starts it, with Ctrl-C's default: a CI job's background shell may have it ignored.
         generation = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         try:
             log, deadline = tmp_path / "image-classifier/runs/smoke-test/setup.log", time.monotonic() + 120
             while not (log.is_file() and "Looking in indexes" in log.read_text()):  # pip runs, and waits on it

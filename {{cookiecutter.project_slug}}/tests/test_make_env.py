@@ -74,8 +74,10 @@ def test_a_ctrl_c_during_the_install_says_how_to_finish_it(tmp_path):
         silent.listen()
         index = f"http://127.0.0.1:{silent.getsockname()[1]}/simple"
         env = {"PATH": "/usr/bin:/bin", "PIP_INDEX_URL": index, "LIGHTNING_TEMPLATE_CPU_WHEELS": index}
+        # As a terminal starts it, with Ctrl-C's default: a CI job's background shell may have it ignored.
         setup = subprocess.Popen([sys.executable, script, "venv", "--smoke"], stdout=subprocess.PIPE, text=True,
-                                 env=env, start_new_session=True)  # fmt: skip
+                                 env=env, start_new_session=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         try:
             deadline = time.monotonic() + 120
             log = tmp_path / "runs/smoke-test/setup.log"

@@ -147,6 +147,8 @@ def post(port: int, body: bytes, content_type: str | None) -> tuple[int, dict]:
 
 
 def start_server(groups, model: Path, *options: str, **popen) -> tuple[subprocess.Popen, int]:
+    # As a terminal starts it, with Ctrl-C's default: a CI job's background shell may have it ignored.
+    popen.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     port = free_port()
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "serve", f"--model={model}", f"--port={port}",
                "--device=cpu", *options]  # fmt: skip
