@@ -149,6 +149,18 @@ class SigtermAt(L.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class SlowToEnd(L.Callback):
+    """Hold the first process a while after a run has stopped, as a slow W&B upload or data-worker
+    shutdown does: longer than Lightning's launcher waits between looks at the processes it started."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
+        if trainer.global_rank == 0:
+            time.sleep(self.seconds)
+
+
 class SigtermInValidation(L.Callback):
     """Send this process (or only the one of this global rank) a SIGTERM as the first validation
     batch of a fit's epoch starts."""

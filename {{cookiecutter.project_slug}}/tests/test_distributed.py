@@ -177,6 +177,19 @@ def test_a_sigterm_to_one_process_stops_all_in_a_validation_on_uneven_shards(
     assert logged[1] == pytest.approx(logged[0], rel=1e-6)  # sums in another order
 
 
+def test_a_stopped_run_ends_with_the_stop_status_however_long_its_first_process_takes(in_project_copy, tiny_shapes):
+    # Lightning's launcher SIGKILLs the first process when one it started ends with a failure status,
+    # as each does after a stop (143), unless the first one has ended by its next look, 5 s later.
+    stop = [{"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 2}},
+            {"class_path": "helper_callbacks.SlowToEnd", "init_args": {"seconds": 7}}]  # fmt: skip
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", "--config=configs/trainer/ddp.yaml",
+               *ON_CPU, "--trainer.devices=2", *CSV_LOGGER, *data(tiny_shapes),
+               *[f"--trainer.callbacks+={json.dumps(callback)}" for callback in stop]]  # fmt: skip
+    stopped = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
+    assert stopped.stderr.splitlines()[-1].startswith("Resume this run with: "), stopped.stderr[-4000:]
+
+
 def epoch_numbers(metrics_csv: Path) -> dict[str, float]:
     """The numbers of a run's last training epoch and validation, from its CSV file."""
     numbers = {}

@@ -48,7 +48,7 @@ from .errors import (
 )
 from .hardware.checks import check_hardware, settle_precision
 from .model import ImageClassifier, check_same_architecture, check_same_classes, check_same_optimizer_layout
-from .training.callbacks import EndWithLauncher
+from .training.callbacks import EndWithLauncher, wait_for
 from .training.checkpoint_io import Trainer
 from .training.progress import LogLines
 from .training.quiet import (
@@ -812,6 +812,7 @@ def main(args: list[str] | None = None) -> None:
         # The command that resumes comes last, after W&B's closing lines (which it prints at exit, colour
         # codes and all, unless finished here); and with a failure status, which Lightning would not give.
         status = 128 + getattr(stopped, "signal", signal.SIGTERM)
+        wait_for(getattr(stopped, "started", []))
         finish_wandb_run(exit_code=status)
         if is_first_process() and getattr(stopped, "saved", None):  # CheckpointOnStop saved the run
             print(f"Resume this run with: {resume_command(GIVEN)}", file=sys.stderr)

@@ -5,6 +5,7 @@ import functools
 import math
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -129,9 +130,30 @@ class CheckpointOnStop(L.Callback):
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part, as sharded strategies need
         exception.saved = path  # cli.main then prints the command that resumes, as the last line
         exception.signal = self.stopped_by  # and exits with the shell's status for it
+        exception.started = take_over_started_processes(trainer)  # which cli.main waits for before it ends
         said = "Ctrl-C" if self.stopped_by == signal.SIGINT else "SIGTERM"
         during = ", during validation, which the resumed run does again" if trainer.validating else ""
         rank_zero_info(f"{said}: saved {path} at step {trainer.global_step}{during}.")
+
+
+def take_over_started_processes(trainer: L.Trainer) -> list[subprocess.Popen]:
+    """The processes Lightning's launcher started from this one, taken from its watch. Each ends with
+    the stop's status too, and its watcher, which looks at the same list every 5 s, would SIGKILL this
+    process on seeing one (the status and the command that resumes lost) unless this one ended first."""
+    started = getattr(trainer.strategy.launcher, "procs", [])
+    taken = list(started)
+    started.clear()
+    return taken
+
+
+def wait_for(processes: list[subprocess.Popen], seconds: float = 30) -> None:
+    """Wait for processes to end, and end those still running after `seconds`, as Lightning would."""
+    deadline = time.monotonic() + seconds
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 class NonFiniteLossError(UserError, RuntimeError):
