@@ -78,6 +78,17 @@ def test_a_run_with_another_logger_says_nothing_of_wandb(no_wandb_settings, monk
     assert "W&B" not in caplog.text and "WANDB_MODE" not in os.environ
 
 
+def test_wandb_after_another_logger_goes_offline_too(no_wandb_settings, monkeypatch, caplog, in_project_copy,
+                                                     tiny_shapes):  # fmt: skip
+    loggers = [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
+               {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"save_dir": "runs"}}]  # fmt: skip
+    data = on_data(tiny_shapes)
+    with caplog.at_level(logging.INFO):
+        run_cli(monkeypatch, "fit", *ON_CPU, *data, *ONE_BATCH, f"--trainer.logger={json.dumps(loggers)}")
+    assert "W&B logs offline: no API key" in caplog.text
+    assert list((in_project_copy / "runs" / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
 def test_unreachable_server_goes_offline_instead_of_hanging(no_wandb_settings, monkeypatch, caplog):
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.invalid")

@@ -67,8 +67,14 @@ from .training.resume import (
     as_plain,
     check_checkpoint,
     chosen_runs,
+{%- if cookiecutter.logger == "wandb" %}
+    configured_loggers,
+{%- endif %}
     evaluate_on_trained_data,
     first_logger,
+{%- if cookiecutter.logger == "wandb" %}
+    is_wandb,
+{%- endif %}
     resolve_resume,
     resume_command,
     resumed_config_name,
@@ -586,8 +592,8 @@ class ClassifierCLI(LightningCLI):
             ]
         place_runs(config.trainer)
 {%- if cookiecutter.logger == "wandb" %}
-        if (logger := first_logger(config.trainer)) is not None and "Wandb" in logger.class_path:
-            go_offline_unless_reachable(logger.init_args.get("save_dir") or ".")
+        if wandb := [logger for logger in configured_loggers(config.trainer.logger) if is_wandb(logger)]:
+            go_offline_unless_reachable(wandb[0].init_args.get("save_dir") or ".")
 {%- endif %}
         defaults = {"data": code_defaults(ImageDataModule), "model": code_defaults(ImageClassifier)}
         if resolve_resume(config, self.subcommand, defaults):

@@ -19,6 +19,7 @@ from ..errors import PACKAGE, CommandParser, UserError
 from ..hardware.checks import machine_facts, machine_of
 from ..hardware.rules import fastest_precision, from_trainer, problems, target
 {%- if cookiecutter.logger == "wandb" %}
+from ..training.resume import configured_loggers, is_wandb
 from ..training.wandb_logging import has_api_key
 {%- endif %}
 from .smoke_test import smoke_test
@@ -60,7 +61,7 @@ def checks(facts: dict, config: dict) -> list[Check]:
     devices = settings.device_count or max(1, len(facts["gpus"]))
     found += data_checks(facts, data, devices)
 {%- if cookiecutter.logger == "wandb" %}
-    if "Wandb" in str(trainer.get("logger")):  # the W&B logger, the project's or Lightning's
+    if any(is_wandb(logger) for logger in configured_loggers(trainer.get("logger"))):
         found.append(wandb_check())
 {%- endif %}
     return found

@@ -414,12 +414,21 @@ def _checkpoint_keys(path: Path) -> list:
     return list(saved) if isinstance(saved, dict) else []
 
 
+def configured_loggers(setting) -> list:
+    """The loggers that a trainer's `logger` setting names, parsed or as a config file has it: one, a
+    list, or none (true, false, null: Lightning's default logger or none)."""
+    return [logger for logger in (setting if isinstance(setting, list) else [setting])
+            if isinstance(logger, Namespace | dict)]  # fmt: skip
+
+
+def is_wandb(logger: Namespace | dict) -> bool:
+    """Whether a configured logger is W&B's: Lightning's WandbLogger or a subclass named as such."""
+    return str(logger.get("class_path", "")).endswith("WandbLogger")
+
+
 def first_logger(trainer: Namespace) -> Namespace | None:
     """The logger of a trainer config that lays out the run folders (the first, as in Lightning), if any."""
-    logger = trainer.logger
-    if isinstance(logger, list):
-        logger = logger[0] if logger else None
-    return logger if isinstance(logger, Namespace) else None
+    return next(iter(configured_loggers(trainer.logger)), None)
 
 
 def runs_of(config: Namespace, logger: Namespace | None) -> tuple[Path, list[Path]]:
@@ -442,7 +451,7 @@ def chosen_runs(logger: Namespace) -> Path:
 def run_root(logger: Namespace) -> Path:
     """The folder that holds `logger`'s run folders."""
     args = logger.init_args
-    if logger.class_path.endswith("WandbLogger"):
+    if is_wandb(logger):
         name = args.get("project") or os.environ.get("WANDB_PROJECT", "lightning_logs")
     else:  # CSV and TensorBoard: a name given as null or "" (or carried over from W&B's) puts the runs in save_dir
         name = args.get("name", "lightning_logs") or ""
