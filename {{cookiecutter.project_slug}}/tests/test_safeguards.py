@@ -67,6 +67,21 @@ def test_an_exception_in_one_process_ends_every_process(in_project_copy, tiny_sh
     assert "injected failure on rank 1" in result.stderr
 
 
+def test_a_non_finite_loss_in_every_process_is_told_once_with_its_status(in_project_copy, tiny_shapes):
+    # Images divided by a std of 1e-38 reach float32's largest values: the loss is not finite at once.
+    # The first process is slow to end, as with W&B's upload: Lightning's launcher would SIGKILL it.
+    slow = json.dumps({"class_path": "helper_callbacks.SlowToEnd", "init_args": {"seconds": 7}})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", "--trainer.accelerator=cpu",
+               "--trainer.precision=32-true", "--trainer.devices=2", "--trainer.strategy=ddp",
+               "--trainer.max_epochs=1", f"--trainer.callbacks+={slow}", f"--data.data_dir={tiny_shapes}",
+               "--data.synthetic=false", "--data.num_workers=0", "--data.batch_size=4",
+               "--data.std=[1.0e-38,1.0e-38,1.0e-38]"]  # fmt: skip
+    result = run_group(command, 300, cwd=in_project_copy, env=command_env())
+    assert result.returncode == 1, result.stderr[-4000:]
+    (told,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert told.startswith("error: Loss is not finite at global step 0") and "intact" not in told, told
+
+
 def test_every_trainer_has_the_launcher_watch_and_can_be_pickled(monkeypatch, in_project_copy):
     # ddp_spawn pickles the Trainer, callbacks included, into the processes it starts.
     monkeypatch.setenv("LOCAL_RANK", "0")  # as Lightning's launcher sets it in its own process, rank 0

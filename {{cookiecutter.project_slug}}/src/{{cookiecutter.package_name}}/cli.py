@@ -809,6 +809,9 @@ def main(args: list[str] | None = None) -> None:
     except (UserError, MisconfigurationException) as error:  # Lightning's word for a setting it refuses
         if wants_traceback():
             raise
+        wait_for(getattr(error, "started", []))
+        if getattr(error, "in_every_process", False) and not is_first_process():
+            sys.exit(1)
         sys.exit(f"error: {one_line(error)}")
     except RuntimeError as error:
         if wants_traceback() or not (gone := other_process_gone(error)):

@@ -157,7 +157,9 @@ def wait_for(processes: list[subprocess.Popen], seconds: float = 30) -> None:
 
 
 class NonFiniteLossError(UserError, RuntimeError):
-    """A NaN or infinite training loss, raised before it reaches the weights."""
+    """A NaN or infinite training loss, raised before it reaches the weights, in every process alike."""
+
+    in_every_process = True  # told once, by the first
 
 
 class StopOnNonFiniteLoss(L.Callback):
@@ -199,12 +201,14 @@ class StopOnNonFiniteLoss(L.Callback):
         where = f"global step {trainer.global_step} (epoch {trainer.current_epoch}, batch {self._batch_idx})"
         if not self.skip_batches:
             folder = getattr(trainer.checkpoint_callback, "dirpath", None)
-            kept = f"; the last checkpoint in {folder} is intact" if folder else ""
-            raise NonFiniteLossError(
+            kept = f"; the last checkpoint in {folder} is intact" if folder and any(Path(folder).glob("*.ckpt")) else ""
+            error = NonFiniteLossError(
                 f"Loss is not finite at {where}: stopped before the update{kept}. Lower model.lr, "
                 "use precision bf16-mixed or 32-true, check that batch's images, or set "
                 "skip_batches: true on StopOnNonFiniteLoss to drop such batches."
             )
+            error.started = take_over_started_processes(trainer)  # each ends with this error's status too
+            raise error
         rank_zero_warn(f"Loss is not finite at {where}: dropping this batch's update.")
         # Parameters without gradients are left alone by the optimizer: the batch never happened.
         optimizer.zero_grad(set_to_none=True)
