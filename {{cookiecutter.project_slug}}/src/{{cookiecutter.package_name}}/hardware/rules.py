@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 
 # Strategies whose engines run on CUDA only. (FSDP2, configs/trainer/fsdp.yaml, also runs on CPU.)
 CUDA_ONLY = {"FSDPStrategy": "FSDP (configs/trainer/fsdp1.yaml)", "DeepSpeedStrategy": "DeepSpeed"}
+# Strategies that also run as processes on the CPU, over gloo: one per device asked for.
+CPU_PROCESSES = {"DDPStrategy": "data parallel", "FSDP2Strategy": "FSDP2"}
 # Strategies that start one process per device and talk over NCCL on GPUs.
-MULTI_PROCESS = {"DDPStrategy", "FSDPStrategy", "FSDP2Strategy", "DeepSpeedStrategy"}
-# Those that also run as processes on the CPU, over gloo: one per device asked for.
-CPU_PROCESSES = MULTI_PROCESS - set(CUDA_ONLY)
+MULTI_PROCESS = set(CUDA_ONLY) | set(CPU_PROCESSES)
 # Lightning's registered strategy names, as they may be given on the command line.
 REGISTERED = {"fsdp": "FSDPStrategy", "deepspeed": "DeepSpeedStrategy", "ddp": "DDPStrategy"}
 # The strategy each answer to the template's `strategy` question trains with (its trainer preset).
@@ -140,8 +140,8 @@ def problems(settings: Settings, machine: Machine | None = None) -> list[Problem
         ))  # fmt: skip
     if where == "cpu" and strategy in CPU_PROCESSES and devices is None:
         found.append(Problem(
-            f"{strategy.removesuffix('Strategy').replace('DDP', 'data parallel')} on the CPU with devices auto starts "
-            "one process (Lightning counts the CPU as one device)",
+            f"{CPU_PROCESSES[strategy]} on the CPU with devices auto starts one process (Lightning counts the CPU "
+            "as one device)",
             "give --trainer.devices the number of processes, such as 2",
             "answer devices with the number of processes, such as 2, or strategy auto",
         ))  # fmt: skip
