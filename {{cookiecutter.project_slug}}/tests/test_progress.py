@@ -1,4 +1,5 @@
 import itertools
+import math
 import re
 import sys
 from types import SimpleNamespace
@@ -52,9 +53,23 @@ def test_lines_every_n_steps_and_per_epoch_with_the_epochs_numbers(monkeypatch, 
     assert printed["val/acc"] == pytest.approx((logits.argmax(1) == labels).float().mean().item(), abs=5e-4)
     assert printed["val/loss"] == pytest.approx(cross_entropy(logits, labels).item(), rel=1e-3)
     assert " train/loss_epoch " in lines[-1] and " train/loss " not in lines[-1], "one loss, not the same one twice"
-    # The learning rate the next step takes, logged or not: no LearningRateMonitor here.
-    (rate,) = {group["lr"] for group in trainer.optimizers[0].param_groups}
-    assert float(re.search(r"  lr (\S+)  ", lines[-1]).group(1)) == pytest.approx(rate, rel=1e-3), lines[-1]
+    # The learning rate of each epoch's last step (steps 4 and 9 of 10), logged or not: no LearningRateMonitor
+    # here. The schedule's warm-up, then its cosine down to 0 at step 10, which no step takes.
+    warmup = round(10 * model.hparams.warmup_fraction)
+    for line, step in zip([line for line in lines if " done " in line], (4, 9), strict=True):
+        rate = model.scaled_lr() * (0.5 * (1 + math.cos(math.pi * (step - warmup) / (10 - warmup))))
+        assert float(re.search(r"  lr (\S+)  ", line).group(1)) == pytest.approx(rate, rel=1e-3), line
+
+
+def test_a_frozen_backbones_epoch_line_gives_it_the_rate_it_trained_at(capsys, tiny_shapes):
+    model = ImageClassifier(num_classes=6, backbone="resnet18", pretrained=False, frozen_backbone_epochs=1)
+    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=8, image_size=32)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=3, limit_val_batches=1, logger=False,
+                        enable_checkpointing=False, enable_model_summary=False, callbacks=[LogLines()])  # fmt: skip
+    trainer.fit(model, data)
+    (frozen,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch 0/1  done")]
+    rates = {name: float(value) for name, value in re.findall(r"  lr-(\w+) (\S+)", frozen)}
+    assert rates["backbone"] == rates["backbone_no_decay"] == 0 < rates["head"], frozen
 
 
 def test_a_first_line_after_ten_steps_then_one_every_thirty_seconds_at_most(monkeypatch, capsys, tiny_shapes):

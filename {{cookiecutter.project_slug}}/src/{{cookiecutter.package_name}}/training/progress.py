@@ -38,6 +38,13 @@ class LogLines(ProgressBar):
         self._epoch_start = self._interval_start = time.perf_counter()
         self._epoch_images = self._interval_images = self._interval_steps = 0
         self._train_seconds = 0.0
+        self._rates: dict[str, float] = {}  # of the epoch's last step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        # Read before the step, as LearningRateMonitor logs them: by the epoch's end the schedule has
+        # moved on to the next step's (0 after the last epoch's, a rate no step used).
+        groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
+        self._rates = {group.get("name", str(index)): group["lr"] for index, group in enumerate(groups)}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         images = len(batch[0] if isinstance(batch, (list, tuple)) else batch) * trainer.world_size
@@ -73,9 +80,8 @@ class LogLines(ProgressBar):
             for name, value in sorted(logged.items())
             if not name.endswith("_step") and f"{name}_epoch" not in logged and not name.startswith("lr-")
         }
-        # The optimizer's own: LearningRateMonitor's are as of the last step it logged, maybe none this epoch.
-        groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
-        rates = {group.get("name", str(index)): group["lr"] for index, group in enumerate(groups)}
+        # Read here, not from LearningRateMonitor, which may have logged none this epoch.
+        rates = self._rates
         if len(set(rates.values())) == 1:  # one number where the parameter groups agree
             metrics["lr"] = next(iter(rates.values()))
         else:
