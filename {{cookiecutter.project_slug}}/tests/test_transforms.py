@@ -99,6 +99,20 @@ def test_pretrained_weights_bring_their_own_preprocessing_unless_an_option_is_gi
     assert scratch == Preprocessing(224)
 
 
+def test_a_pretrained_runs_resume_keeps_its_preprocessing_without_a_word(monkeypatch, caplog, in_project_copy,
+                                                                       tiny_shapes):  # fmt: skip
+    without_weights = lambda name, classes, *_: torchvision.models.get_model(name, num_classes=classes)  # noqa: E731
+    monkeypatch.setattr(model_module, "build_backbone", without_weights)
+    options = [*ON_CPU, *on_data(tiny_shapes), "--model.pretrained=true", "--data.image_size=32",
+               "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]  # fmt: skip
+    run(monkeypatch, "fit", *options, "--trainer.max_epochs=1")
+    (checkpoint,) = in_project_copy.glob("runs/*/*/checkpoints/last.ckpt")
+    caplog.clear()
+    run(monkeypatch, "fit", *options, "--trainer.max_epochs=2", f"--ckpt_path={checkpoint}")
+    # The configs' preprocessing is the weights' (resnet18's crop ratio 0.875), the checkpoint's too.
+    assert "Using the checkpoint's preprocessing" not in caplog.text
+
+
 CHANGED = ["--data.image_size=32", "--data.crop_ratio=0.75", "--data.interpolation=bicubic",
            "--data.mean=[0.5,0.5,0.5]", "--data.std=[0.25,0.25,0.25]"]  # fmt: skip
 

@@ -543,7 +543,15 @@ class ClassifierCLI(LightningCLI):
             check_options_still_taken(ckpt_path)
         super()._parse_ckpt_path()
         built = as_plain(self.config[subcommand].get("model")) if subcommand else {}
-        dropped = [name for name in sorted(options_given(GIVEN, "model")) if asked.get(name) != built.get(name)]
+        if built != asked:
+            # Built with pretrained false (the checkpoint holds its weights, none to download); the data's
+            # preprocessing stays the one the configs ask for, which the checkpoint's is compared with.
+            data = self.config[subcommand].data
+            data.pretrained_backbone = pretrained_backbone(asked.get("backbone"), asked.get("pretrained", False))
+        # A new run from a checkpoint (weights come from it, not from pretrained ones).
+        moot = {*LINKED, "model.pretrained"}
+        dropped = [name for name in sorted(options_given(GIVEN, "model"))
+                   if asked.get(name) != built.get(name) and f"model.{name}" not in moot]  # fmt: skip
         if dropped:
             options = ", ".join(f"--model.{name} {asked.get(name)!r}" for name in dropped)
             fix = "start a new run without --ckpt_path" if subcommand == "fit" else "evaluate another checkpoint"
@@ -551,8 +559,6 @@ class ClassifierCLI(LightningCLI):
                 f"{options}: the model of the checkpoint {self.config[subcommand].ckpt_path} is built as it "
                 f"was trained, with its own options. Leave them out, or {fix}."
             )
-        # A new run from a checkpoint (weights come from it, not from pretrained ones).
-        moot = {*LINKED, "model.pretrained"}
         set_aside = [f"model.{name} {built[name]!r} (the configs say {asked[name]!r})" for name in sorted(asked)
                      if name in built and asked[name] != built[name] and f"model.{name}" not in moot]  # fmt: skip
         if subcommand == "fit" and set_aside:
