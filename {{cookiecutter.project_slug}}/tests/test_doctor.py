@@ -5,6 +5,7 @@ from collections import namedtuple
 import pytest
 from conftest import command_env, run_group
 
+from {{ cookiecutter.package_name }} import backbone
 from {{ cookiecutter.package_name }}.cli import main, resolved_config
 from {{ cookiecutter.package_name }}.commands import doctor
 
@@ -124,6 +125,22 @@ def test_the_data_is_checked_as_fit_reads_it(monkeypatch, capsys, in_project_cop
     (in_project_copy / "mine.yaml").write_text(f"data:\n  data_dir: {tiny_shapes}\n  synthetic: false\n")
     code, line = doctor_says("--config=mine.yaml")
     assert code in (0, None) and line.startswith("   ok  data: 72 training and 24 validation image files in 6 classes")
+
+
+def test_pretrained_weights_neither_cached_nor_within_reach_fail(monkeypatch, capsys, in_project_copy, tmp_path):
+    # Every line said ok, and fit then stopped: the weights could not be downloaded.
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(backbone, "reachable", lambda host: False)
+    (in_project_copy / "tuned.yaml").write_text("model:\n  backbone: resnet18\n  pretrained: true\n")
+    monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "doctor", "--config=tuned.yaml"])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "pretrained resnet18 weights" in line]
+    assert stopped.value.code == 1 and line.startswith(" fail  The pretrained resnet18 weights are not in the cache")
+    assert f"put it at {tmp_path / 'hub' / 'checkpoints' / 'resnet18-f37072fd.pth'}" in line
+    (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "hub" / "checkpoints" / "resnet18-f37072fd.pth").touch()
+    assert doctor.weights_check("resnet18").verdict == "ok"
 
 
 {%- if cookiecutter.logger == "wandb" %}

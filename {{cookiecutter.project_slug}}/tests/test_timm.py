@@ -43,6 +43,12 @@ def test_an_unknown_timm_name_gets_the_closest_ones(monkeypatch, capsys, in_proj
     assert message.startswith("error: Unknown timm model 'convnxt_tiny'. Closest: timm/convnext_tiny")
 
 
+@pytest.mark.parametrize("name", ["convnext_atto", "resnet18.a1_in1k"])
+def test_a_timm_name_without_its_prefix_is_told_the_prefix(monkeypatch, capsys, in_project_copy, tiny_shapes, name):
+    message = refusal(monkeypatch, capsys, "fit", *ON_CPU, *on_data(tiny_shapes), f"--model.backbone={name}")
+    assert message == f"error: Unknown backbone {name!r}: timm's models are named with its prefix: timm/{name}"
+
+
 def test_pretrained_weights_out_of_reach_fail_in_one_line_naming_the_cache(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(timm_backbones, "reachable", lambda host: False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -53,6 +59,16 @@ def test_pretrained_weights_out_of_reach_fail_in_one_line_naming_the_cache(monke
     assert message.startswith("Could not download the pretrained timm/resnet10t.c3_in1k weights")
     assert str(tmp_path / "hub") in message and "--model.pretrained=false" in message
     assert "cannot be reached" in capsys.readouterr().err
+
+
+def test_pretrained_weights_neither_cached_nor_within_reach_are_found_before_fit(monkeypatch, tmp_path):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(timm_backbones, "reachable", lambda host: False)
+    missing = timm_backbones.pretrained_weights_missing(SMALL)
+    assert missing.startswith(f"The pretrained {SMALL} weights are not in the cache and huggingface.co cannot be")
+    assert f"copy its Hugging Face cache into {tmp_path}" in missing
+    monkeypatch.setattr(timm_backbones, "reachable", lambda host: True)
+    assert timm_backbones.pretrained_weights_missing(SMALL) is None
 
 
 def test_pretrained_preprocessing_comes_from_timms_config():

@@ -2,6 +2,7 @@
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 import torchvision
@@ -12,6 +13,7 @@ from torchvision.ops import StochasticDepth
 from . import timm_backbones
 {% endif -%}
 from .errors import ConfigError, MissingError, closest
+from .hardware.network import reachable
 
 
 def classification_models() -> list[str]:
@@ -26,6 +28,12 @@ def check_backbone_name(name: str) -> None:
         return
 {%- endif %}
     known = classification_models()
+{%- if cookiecutter.timm == "yes" %}
+    if name not in known and timm_backbones.knows(name):
+        raise ConfigError(
+            f"Unknown backbone {name!r}: timm's models are named with its prefix: {timm_backbones.PREFIX}{name}"
+        )
+{%- endif %}
     if name not in known:
         close = closest(name, known)
         raise ConfigError(
@@ -115,11 +123,8 @@ def _build(name: str, num_classes: int, pretrained: bool) -> nn.Module:
     try:
         model = torchvision.models.get_model(name, weights=weights)  # their weights include the aux heads
     except OSError as error:  # URLError, timeouts and refused connections are all OSErrors
-        target = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(weights.url)
         raise MissingError(
-            f"Could not download the pretrained {name} weights ({error}). Download {weights.url} on a "
-            f"machine with internet and put it at {target} (TORCH_HOME moves that folder), "
-            "or train from scratch with --model.pretrained=false."
+            f"Could not download the pretrained {name} weights ({error}). {_fetch_by_hand(weights)}"
         ) from error
     if has_aux:
         model.aux_logits = False
@@ -134,6 +139,31 @@ def _build(name: str, num_classes: int, pretrained: bool) -> nn.Module:
     parent, _, attribute = path.rpartition(".")
     setattr(model.get_submodule(parent), attribute, new)
     return model
+
+
+def _weights_file(weights: torchvision.models.WeightsEnum) -> Path:
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(weights.url)
+
+
+def _fetch_by_hand(weights: torchvision.models.WeightsEnum) -> str:
+    return (
+        f"Download {weights.url} on a machine with internet and put it at {_weights_file(weights)} (TORCH_HOME "
+        "moves that folder), or train from scratch with --model.pretrained=false."
+    )
+
+
+def pretrained_weights_missing(name: str) -> str | None:
+    """Why a backbone's pretrained weights cannot be had, in the cache or from the network; None if they can."""
+{%- if cookiecutter.timm == "yes" %}
+    if timm_backbones.is_timm(name):
+        return timm_backbones.pretrained_weights_missing(name)
+{%- endif %}
+    check_backbone_name(name)
+    weights = torchvision.models.get_model_weights(name).DEFAULT
+    host = urlparse(weights.url).hostname or weights.url
+    if _weights_file(weights).exists() or reachable(host):
+        return None
+    return f"The pretrained {name} weights are not in the cache and {host} cannot be reached. {_fetch_by_hand(weights)}"
 
 
 def set_stochastic_depth(model: nn.Module, name: str, probability: float) -> None:

@@ -29,13 +29,27 @@ def check_name(name: str) -> None:
     """Fail at once on a model (or pretrained tag) timm does not know, listing the closest it does."""
     timm = _timm()
     model = name.removeprefix(PREFIX)
-    known = timm.list_models(pretrained=True) if "." in model else timm.list_models()
+    known = models_like(timm, model)
     if model not in known:
         close = closest(model, known)
         raise ConfigError(
             f"Unknown timm model {model!r}. Closest: {', '.join(PREFIX + match for match in close)}. "
             f"List them with: python -c 'import timm; print(timm.list_models(pretrained=True))'"
         )
+
+
+def models_like(timm, model: str) -> list[str]:
+    """timm's model names, with their pretrained tags where `model` has one."""
+    return timm.list_models(pretrained=True) if "." in model else timm.list_models()
+
+
+def knows(model: str) -> bool:
+    """Whether timm is installed and knows `model`, named without the prefix."""
+    try:
+        import timm
+    except ImportError:
+        return False
+    return model in models_like(timm, model)
 
 
 def build(name: str, num_classes: int, pretrained: bool, stochastic_depth: float | None) -> nn.Module:
@@ -52,14 +66,38 @@ def build(name: str, num_classes: int, pretrained: bool, stochastic_depth: float
             raise
         raise ConfigError(f"{name} has no stochastic depth: leave model.stochastic_depth unset.") from None
     except OSError as error:  # the Hugging Face Hub out of reach, and the weights not in its cache
-        from huggingface_hub.constants import HF_HUB_CACHE
-
+        reason = str(error).splitlines()[0]
         raise MissingError(
-            f"Could not download the pretrained {name} weights ({str(error).splitlines()[0]}). On a machine with "
-            f"internet run python -c \"import timm; timm.create_model('{model}', pretrained=True)\" and copy its "
-            f"Hugging Face cache into {HF_HUB_CACHE} (HF_HOME moves it), or train from scratch with "
-            "--model.pretrained=false."
+            f"Could not download the pretrained {name} weights ({reason}). {_fetch_by_hand(model)}"
         ) from error
+
+
+def _fetch_by_hand(model: str) -> str:
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    return (
+        f"On a machine with internet run python -c \"import timm; timm.create_model('{model}', pretrained=True)\" "
+        f"and copy its Hugging Face cache into {HF_HUB_CACHE} (HF_HOME moves it), or train from scratch with "
+        "--model.pretrained=false."
+    )
+
+
+def pretrained_weights_missing(name: str) -> str | None:
+    """Why a timm model's pretrained weights cannot be had, in the Hugging Face cache or from the Hub;
+    None if they can (or timm fetches them from elsewhere, which fit tells)."""
+    import huggingface_hub.constants
+    from huggingface_hub import try_to_load_from_cache
+
+    check_name(name)
+    model = name.removeprefix(PREFIX)
+    repo = _timm().models.get_pretrained_cfg(model).hf_hub_id
+    files = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors")
+    if not repo or any(isinstance(try_to_load_from_cache(repo, file), str) for file in files):
+        return None
+    host = urlparse(huggingface_hub.constants.ENDPOINT).hostname or "huggingface.co"
+    if reachable(host):
+        return None
+    return f"The pretrained {name} weights are not in the cache and {host} cannot be reached. {_fetch_by_hand(model)}"
 
 
 def _offline_unless_reachable() -> None:

@@ -13,6 +13,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..backbone import pretrained_weights_missing
 from ..cli import resolved_config
 from ..data import ImageDataModule, auto_workers
 from ..errors import PACKAGE, CommandParser, UserError
@@ -120,6 +121,15 @@ def data_folder_check(data: dict) -> Check:
     except UserError as error:
         return Check("fail", f"data: {error}")
     return Check("ok", module.describe_splits().replace("Data: ", "data: ", 1))
+
+
+def weights_check(backbone: str) -> Check:
+    """Whether fit will find the pretrained weights: in the cache, or within reach."""
+    try:
+        missing = pretrained_weights_missing(backbone)
+    except UserError as error:  # an unknown backbone, timm not installed
+        return Check("fail", f"model: {error}")
+    return Check("fail", missing) if missing else Check("ok", f"pretrained {backbone} weights: cached or within reach")
 {%- if cookiecutter.logger == "wandb" %}
 
 
@@ -145,6 +155,8 @@ def main(args: list[str]) -> int:
     facts = machine_facts()
     config = resolved_config([f"--config={path}" for path in options.config])
     found = [*checks(facts, config), data_folder_check(config["data"])]
+    if config["model"]["pretrained"]:
+        found.append(weights_check(config["model"]["backbone"]))
     if options.json:
         print(json.dumps({"machine": facts, "checks": [asdict(check) for check in found]}))
     else:
