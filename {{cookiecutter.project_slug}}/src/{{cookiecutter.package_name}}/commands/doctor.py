@@ -127,7 +127,7 @@ def weights_check(backbone: str) -> Check:
     """Whether fit will find the pretrained weights: in the cache, or within reach."""
     try:
         missing = pretrained_weights_missing(backbone)
-    except UserError as error:  # an unknown backbone, timm not installed
+    except UserError as error:  # a backbone name fit would refuse too
         return Check("fail", f"model: {error}")
     return Check("fail", missing) if missing else Check("ok", f"pretrained {backbone} weights: cached or within reach")
 {%- if cookiecutter.logger == "wandb" %}
