@@ -99,7 +99,30 @@ def test_checkpoint_on_data_with_other_classes_is_refused(monkeypatch, capsys, i
             (other / name / image.name).write_bytes(image.read_bytes())
     capsys.readouterr()  # the training's output
     message = refusal(monkeypatch, capsys, "validate", *ON_CPU, *on_data(other), f"--ckpt_path={last}")
-    assert "trained on the classes" in message
+    assert "trained on the classes" in message and message.endswith("fit --model.init_weights <checkpoint>.")
+
+    # A new run on them from its weights, at learning rate 0: the backbone's as they were, a new head.
+    run_cli(monkeypatch, "fit", *ON_CPU, *on_data(other), *one_batch, "--model.lr=0", f"--model.init_weights={last}",
+            "--trainer.logger.save_dir=new")  # fmt: skip
+    (started,) = (in_project_copy / "new").glob("*/*/checkpoints/last.ckpt")
+    before, after = (torch.load(path, map_location="cpu", weights_only=True) for path in (last, started))
+    for name in ("backbone.conv1.weight", "backbone.layer4.1.conv2.weight"):
+        assert torch.equal(before["state_dict"][name], after["state_dict"][name]), name
+    assert not torch.equal(before["state_dict"]["backbone.fc.weight"], after["state_dict"]["backbone.fc.weight"])
+    assert after["hyper_parameters"]["init_weights"] is None, "the weights are in this checkpoint now"
+    # Trained longer with the same command, the first checkpoint gone: the run's own weights are read.
+    last.rename(tmp_path / "moved.ckpt")
+    run_cli(monkeypatch, "fit", *ON_CPU, *on_data(other), *one_batch[1:], "--trainer.max_epochs=2", "--model.lr=0",
+            f"--model.init_weights={last}", "--trainer.logger.save_dir=new", "--ckpt_path=last")  # fmt: skip
+    assert torch.load(started, map_location="cpu", weights_only=True)["epoch"] == 1
+    last = tmp_path / "moved.ckpt"
+    capsys.readouterr()  # the training's output
+    message = refusal(monkeypatch, capsys, "fit", *ON_CPU, *on_data(other), "--model.backbone=resnet34",
+                      f"--model.init_weights={last}")  # fmt: skip
+    assert message == (
+        f"error: model.init_weights {last} holds a resnet18 backbone, not resnet34: set model.backbone resnet18, "
+        "or leave init_weights out."
+    )
 
 
 def test_a_library_that_reading_the_config_imports_still_logs_to_the_terminal(in_project_copy):

@@ -44,6 +44,19 @@ def test_pretrained_weights_load_and_get_a_new_head(monkeypatch, backbone):
     assert torch.equal(model.backbone.state_dict()[some_kernel], imagenet[some_kernel])
 
 
+def test_init_weights_start_the_backbone_from_a_checkpoint_and_its_head_where_the_classes_are_the_same(tmp_path):
+    trained = ImageClassifier(num_classes=6, backbone="resnet18", class_names=list("abcdef"))
+    checkpoint = tmp_path / "trained.ckpt"
+    torch.save({"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams)}, checkpoint)
+    same = ImageClassifier(num_classes=6, class_names=list("abcdef"), init_weights=str(checkpoint))
+    assert all(torch.equal(weights, trained.backbone.state_dict()[name])
+               for name, weights in same.backbone.state_dict().items())  # fmt: skip
+    for other in (list("abcdeg"), list("abcd")):  # other names, another number
+        started = ImageClassifier(num_classes=len(other), class_names=other, init_weights=str(checkpoint))
+        assert torch.equal(started.backbone.conv1.weight, trained.backbone.conv1.weight)
+        assert not torch.equal(started.backbone.fc.bias[:4], trained.backbone.fc.bias[:4]), "a new head"
+
+
 def test_pretrained_googlenet_drops_its_auxiliary_heads(monkeypatch):
     imagenet = torchvision.models.get_model("googlenet", weights=None, aux_logits=True, init_weights=True).state_dict()
     monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", lambda *a, **k: imagenet)

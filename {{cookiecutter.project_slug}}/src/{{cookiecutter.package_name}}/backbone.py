@@ -14,6 +14,7 @@ from . import timm_backbones
 {% endif -%}
 from .errors import ConfigError, MissingError, closest
 from .hardware.network import reachable
+from .training.resume import check_checkpoint, refuse_sharded
 
 
 def classification_models() -> list[str]:
@@ -164,6 +165,41 @@ def pretrained_weights_missing(name: str) -> str | None:
     if _weights_file(weights).exists() or reachable(host):
         return None
     return f"The pretrained {name} weights are not in the cache and {host} cannot be reached. {_fetch_by_hand(weights)}"
+
+
+def load_trained_weights(
+    model: nn.Module, name: str, checkpoint: str, num_classes: int, class_names: list[str] | None
+) -> None:
+    """Start a backbone from a checkpoint's, as `pretrained` starts it from ImageNet's: its head too where
+    the checkpoint was trained on these classes (or as many, where the names are not known), else a new one."""
+    if not Path(checkpoint).exists():
+        raise MissingError(f"model.init_weights {checkpoint}: no such file.")
+    check_checkpoint(checkpoint, "model.init_weights")
+    refuse_sharded(Path(checkpoint))
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    trained = saved.get("hyper_parameters", {})
+    if trained.get("backbone") != name:
+        raise ConfigError(
+            f"model.init_weights {checkpoint} holds a {trained.get('backbone')} backbone, not {name}: set "
+            f"model.backbone {trained.get('backbone')}, or leave init_weights out."
+        )
+    weights = {key.removeprefix("backbone."): value for key, value in saved["state_dict"].items()
+               if key.startswith("backbone.")}  # fmt: skip
+    same_classes = trained.get("num_classes") == num_classes and (
+        trained.get("class_names") == class_names or None in (trained.get("class_names"), class_names)
+    )
+    heads = () if same_classes else tuple(f"{head}." for head in head_names(model, num_classes))
+    kept = {key: value for key, value in weights.items() if not key.startswith(heads)}
+    try:
+        missing, unexpected = model.load_state_dict(kept, strict=False)
+        misfits = [key for key in missing if not key.startswith(heads)] + unexpected
+    except RuntimeError as error:  # a tensor of another shape
+        misfits = [str(error).splitlines()[1].strip().rstrip(".")]
+    if misfits:  # the model's code changed since it was trained
+        raise ConfigError(
+            f"model.init_weights {checkpoint} does not fit the {name} this code builds ({misfits[0]}): use the "
+            "code it was trained with, or leave init_weights out."
+        )
 
 
 def set_stochastic_depth(model: nn.Module, name: str, probability: float) -> None:

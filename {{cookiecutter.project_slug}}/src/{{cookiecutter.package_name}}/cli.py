@@ -549,7 +549,7 @@ class ClassifierCLI(LightningCLI):
             data = self.config[subcommand].data
             data.pretrained_backbone = pretrained_backbone(asked.get("backbone"), asked.get("pretrained", False))
         # A new run from a checkpoint (weights come from it, not from pretrained ones).
-        moot = {*LINKED, "model.pretrained"}
+        moot = {*LINKED, "model.pretrained", "model.init_weights"}
         dropped = [name for name in sorted(options_given(GIVEN, "model"))
                    if asked.get(name) != built.get(name) and f"model.{name}" not in moot]  # fmt: skip
         if dropped:
@@ -603,6 +603,7 @@ class ClassifierCLI(LightningCLI):
 {%- endif %}
         defaults = {"data": code_defaults(ImageDataModule), "model": code_defaults(ImageClassifier)}
         if resolve_resume(config, self.subcommand, defaults):
+            config.model.init_weights = None  # the checkpoint's weights replace them, and their file may be gone
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
             self.save_config_kwargs["config_filename"] = resumed_config_name()
             silence_resume_notice(Path(config.ckpt_path).parent)

@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from .backbone import build_backbone, check_image_size, head_names
+from .backbone import build_backbone, check_image_size, head_names, load_trained_weights
 from .datasets.sampling import run_seed
 from .errors import ConfigError, DataError
 from .hardware.sharding import cast_buffers_with_parameters, fully_shard_blocks, shards_weights, share_buffers
@@ -49,6 +49,10 @@ class ImageClassifier(L.LightningModule):
         pretrained: Start from torchvision's ImageNet weights, downloaded once into TORCH_HOME; the
             images are then prepared as those weights expect (data.mean, std, crop_ratio, interpolation).
 {%- endif %}
+        init_weights: A checkpoint file of this project whose weights start this new run, in place of
+            `pretrained`'s (none are downloaded): its backbone's, and its head's where it was trained on
+            the same classes, else a new head, as for ImageNet's. The optimizer, schedule and epochs
+            start afresh; --ckpt_path is the way to continue a run.
         lr: Peak learning rate for an effective batch of `base_batch_size` images.
         weight_decay: AdamW weight decay for weight matrices and kernels; biases and norms get none.
         warmup_fraction: Fraction of the optimizer steps spent warming the learning rate up linearly
@@ -95,6 +99,7 @@ class ImageClassifier(L.LightningModule):
         class_names: list[str] | None = None,
         backbone: str = "{{ cookiecutter.backbone }}",
         pretrained: bool = False,
+        init_weights: str | None = None,
         lr: float = 2e-3,
         weight_decay: float = 0.05,
         warmup_fraction: float = 0.05,
@@ -132,7 +137,11 @@ class ImageClassifier(L.LightningModule):
             if not allowed:
                 raise ConfigError(f"model.{name} must be {wanted}, got {value}")
         self.save_hyperparameters()
-        self.backbone = build_backbone(backbone, num_classes, pretrained, stochastic_depth, small_image_stem)
+        self.backbone = build_backbone(
+            backbone, num_classes, pretrained and not init_weights, stochastic_depth, small_image_stem
+        )
+        if init_weights:
+            load_trained_weights(self.backbone, backbone, init_weights, num_classes, class_names)
         self.batch_mixing = BatchMixing(num_classes, mixup_alpha, cutmix_alpha, mix_prob, mix_switch_prob)
         # From the training data's class counts when the fit starts (class_weights: balanced). Not a
         # buffer: ModelEMA copies the model before that, and pairs the copy's buffers with the model's.
@@ -447,8 +456,8 @@ class ImageClassifier(L.LightningModule):
             self._size_checked = image_size
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        # The weights are in the checkpoint: rebuilding the model from it must not download them.
-        checkpoint["hyper_parameters"]["pretrained"] = False
+        # The weights are in the checkpoint: rebuilding the model from it must not download or read them.
+        checkpoint["hyper_parameters"].update(pretrained=False, init_weights=None)
         checkpoint["random_state"] = random_state.capture()
         checkpoint["optimizer_class"] = self._optimizer_class
         if epoch_goes_on_after(self.trainer):
@@ -617,5 +626,6 @@ def check_same_classes(trained: list[str] | None, given: list[str] | None) -> No
     if trained and given and list(trained) != list(given):
         raise DataError(
             f"The checkpoint was trained on the classes {list(trained)} but this model (and its data) has "
-            f"{list(given)}. Use data with the checkpoint's classes, or train anew."
+            f"{list(given)}. Use data with the checkpoint's classes, or train on these from its weights: fit "
+            "--model.init_weights <checkpoint>."
         )
