@@ -10,6 +10,7 @@ from conftest import ON_CPU, OTHER_BACKBONE, on_data, refusal, run_cli
 
 from {{ cookiecutter.package_name }} import cli
 from {{ cookiecutter.package_name }}.cli import condensed, main, refusal_inside
+from {{ cookiecutter.package_name }}.data import ImageDataModule
 from {{ cookiecutter.package_name }}.errors import (
     TRACEBACK_VARIABLE,
     ConfigError,
@@ -17,6 +18,7 @@ from {{ cookiecutter.package_name }}.errors import (
     MissingError,
     other_process_gone,
 )
+from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
 
 MODEL_CHECKPIONT = "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpiont"  # a misspelt class
@@ -327,3 +329,30 @@ def test_only_a_collectives_error_over_a_lost_process_is_told_as_one(monkeypatch
         monkeypatch.setattr(dist, name, lambda value=value: value)
     line = other_process_gone(RuntimeError(said))
     assert (line or "").startswith(told or "") and (line is None) is (told is None), line
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda: ImageDataModule(augment="randaugmnt"),
+            "data.augment must be one of none, basic, trivialaugment, randaugment, autoaugment, got 'randaugmnt' "
+            "(did you mean randaugment?)",
+        ),
+        (
+            lambda: ImageDataModule(num_workers="atuo"),
+            "data.num_workers must be one of auto, got 'atuo' (did you mean auto?)",
+        ),
+        (
+            lambda: ImageClassifier(num_classes=6, compile_mode="fast"),
+            "model.compile_mode must be one of off, default, reduce-overhead, max-autotune, got 'fast'",
+        ),
+        (lambda: ImageClassifier(num_classes=0), "model.num_classes must be 2 or more"),
+    ],
+    ids=["augment", "workers", "compile", "classes"],
+)
+def test_options_given_from_python_are_refused_as_the_command_line_refuses_them(build, message):
+    # From Python, augment="foo" trained with the basic augmentation, and num_classes=0 built a model.
+    with pytest.raises(ConfigError) as refused:
+        build()
+    assert str(refused.value).startswith(message)

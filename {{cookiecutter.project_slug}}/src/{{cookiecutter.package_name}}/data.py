@@ -31,7 +31,7 @@ from .datasets.sampling import (
     run_seed,
     unvalidated_warning,
 )
-from .errors import ConfigError, DataError, MissingError
+from .errors import ConfigError, DataError, MissingError, check_choices
 from .hardware.sharding import shards_weights
 from .training import sigterm
 from .training.resume import interrupts_an_epoch
@@ -156,6 +156,7 @@ class ImageDataModule(L.LightningDataModule):
             # options, for the CLI and the config files, whichever the format.
             self.__class__ = StreamingDataModule
 {%- endif %}
+        check_choices(ImageDataModule.__init__, locals(), "data")
         counts = {"batch_size": batch_size, "prefetch_factor": prefetch_factor}  # image_size: Preprocessing
         for name, value in counts.items():
             if value < 1:

@@ -10,6 +10,9 @@ import difflib
 import os
 import re
 import sys
+import types
+import typing
+from collections.abc import Callable
 from typing import NoReturn
 
 # The import name, which every command line starts with (python -m PACKAGE ...), from any module.
@@ -64,6 +67,22 @@ class CommandParser(argparse.ArgumentParser):
             if name.startswith("--") and "." not in name and (meant := difflib.get_close_matches(name, own, 1, 0.8)):
                 self.error(f"unrecognized argument {name}: did you mean {meant[0]}?")
         return known, rest
+
+
+def check_choices(function: Callable, given: dict, group: str) -> None:
+    """Refuse a text option outside the choices its type names (a Literal), as the CLI refuses it, where
+    Python code gives it: `augment="foo"` would otherwise run as another choice."""
+    for name, hint in typing.get_type_hints(function).items():
+        parts = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        literals = [part for part in parts if typing.get_origin(part) is typing.Literal]
+        choices = [choice for literal in literals for choice in typing.get_args(literal)]
+        value = given.get(name)
+        if choices and isinstance(value, str) and value not in choices:
+            meant = likely_meant(value, [str(choice) for choice in choices], n=1)
+            raise ConfigError(
+                f"{group}.{name} must be one of {', '.join(map(str, choices))}, got {value!r}"
+                + (f" (did you mean {meant}?)" if meant else "")
+            )
 
 
 def closest(name: str, known: list[str], count: int = 5) -> list[str]:

@@ -18,7 +18,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 
 from .backbone import build_backbone, check_image_size, head_names, load_trained_weights
 from .datasets.sampling import run_seed
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, check_choices
 from .hardware.sharding import cast_buffers_with_parameters, fully_shard_blocks, shards_weights, share_buffers
 from .training import random_state
 from .training.batch_mixing import BatchMixing
@@ -122,8 +122,10 @@ class ImageClassifier(L.LightningModule):
         super().__init__()
         if class_names is not None and len(class_names) != num_classes:
             raise ConfigError(f"num_classes={num_classes} but {len(class_names)} class names were given")
+        check_choices(ImageClassifier.__init__, locals(), "model")
         below_one = "0 or more and below 1"
         for name, value, allowed, wanted in [
+            ("num_classes", num_classes, num_classes >= 2, "2 or more (a classifier tells classes apart)"),
             ("lr", lr, lr >= 0, "0 or more"),
             ("weight_decay", weight_decay, weight_decay >= 0, "0 or more"),
             ("warmup_fraction", warmup_fraction, 0 <= warmup_fraction < 1, below_one),
