@@ -57,6 +57,18 @@ def test_init_weights_start_the_backbone_from_a_checkpoint_and_its_head_where_th
         assert not torch.equal(started.backbone.fc.bias[:4], trained.backbone.fc.bias[:4]), "a new head"
 
 
+def test_a_model_and_data_made_in_python_train_at_the_datas_batch_size(caplog, tmp_path, tiny_shapes):
+    # The model's batch_size kept its default, 64: the learning rate was scaled by it, and Lightning's
+    # default logger stopped on two batch sizes in the run's hyperparameters.
+    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=16, image_size=32)
+    model = ImageClassifier(num_classes=6, lr=0.002)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, limit_val_batches=1, default_root_dir=tmp_path,
+                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    with caplog.at_level("INFO"):
+        trainer.fit(model, data)
+    assert "Learning rate 0.0005 = 0.002 x effective batch 16 (16 per device" in caplog.text
+
+
 def test_pretrained_googlenet_drops_its_auxiliary_heads(monkeypatch):
     imagenet = torchvision.models.get_model("googlenet", weights=None, aux_logits=True, init_weights=True).state_dict()
     monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", lambda *a, **k: imagenet)

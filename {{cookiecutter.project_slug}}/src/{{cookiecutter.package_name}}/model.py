@@ -404,6 +404,11 @@ class ImageClassifier(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         self.check_run(self.trainer.callbacks, self.trainer.datamodule, self.trainer.max_epochs)
+        batch_size = getattr(getattr(self.trainer.datamodule, "hparams", None), "batch_size", None)
+        if batch_size is not None and batch_size != self.hparams.batch_size:
+            # The CLI links them; made in Python, they may differ. The learning rate is scaled by the batch
+            # the data gives (and Lightning's logger refuses two batch sizes in the run's hyperparameters).
+            self.save_hyperparameters({**self.hparams, "batch_size": batch_size})  # the logged ones too
         image_size = getattr(getattr(self.trainer.datamodule, "hparams", None), "image_size", None)
         if image_size and not shards_weights(self.trainer.strategy) and self.hparams.compile_mode == "off":
             # Lightning's model summary runs one such image through the model to count its FLOPs (it
