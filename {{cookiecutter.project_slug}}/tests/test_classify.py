@@ -7,9 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ON_CPU, on_data, refusal, run_cli, run_command
+from PIL import Image
 
 from {{ cookiecutter.package_name }}.commands.classify import image_files
+from {{ cookiecutter.package_name }}.commands.predictor import Predictor
+from {{ cookiecutter.package_name }}.datasets.images import read_rgb
 from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
+from {{ cookiecutter.package_name }}.errors import ConfigError
 
 
 def classify(monkeypatch, *args: str) -> list[dict]:
@@ -35,6 +39,25 @@ def test_a_folder_and_a_single_image_get_their_top_classes(monkeypatch, trained,
         top = [float(row[f"probability_{k}"]) for k in (1, 2, 3)]
         assert top == sorted(top, reverse=True) and 0 < sum(top) <= 1 + 1e-5
         assert {row[f"class_{k}"] for k in (1, 2, 3)} <= set(CLASSES)
+
+
+def test_a_predictor_in_python_takes_a_file_its_bytes_a_pil_image_or_a_tensor_alike(monkeypatch, trained, tiny_shapes):
+    (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    predictor = Predictor(str(checkpoint)).load()  # as docs/evaluation.md shows it
+    image = next((tiny_shapes / "val" / CLASSES[0]).glob("*.png"))
+    with Image.open(image) as opened:
+        given = [str(image), image, image.read_bytes(), opened, read_rgb(str(image))]
+        prepared = [predictor.prepare(each) for each in given]
+    assert all(torch.equal(each, prepared[0]) for each in prepared), "prepared differently"
+    probabilities = predictor(torch.stack(prepared))
+    assert probabilities.shape == (5, len(CLASSES)) and torch.allclose(probabilities.sum(1), torch.ones(5))
+    # As classify predicts it: its top class and probability.
+    (row,) = classify(monkeypatch, str(image), "--top-k=1")
+    best = probabilities[0].argmax().item()
+    assert predictor.class_names[best] == row["class_1"]
+    assert probabilities[0, best].item() == pytest.approx(float(row["probability_1"]), abs=1e-6)
+    with pytest.raises(ConfigError, match="takes a uint8 tensor of 3 x H x W"):
+        predictor.prepare(read_rgb(str(image)).float() / 255)
 
 
 def test_the_default_checkpoint_is_the_newest_runs_best(monkeypatch, trained, tiny_shapes):

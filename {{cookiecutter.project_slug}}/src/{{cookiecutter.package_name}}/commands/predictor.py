@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..data import checkpoint_preprocessing
 from ..datasets.images import read_rgb
@@ -68,7 +70,8 @@ class Predictor:
     """Image files or their bytes in, class probabilities out. Built without the weights, which are
     cheap to describe and costly to hold: `load` reads them, where the predicting happens."""
 
-    def __init__(self, model: Path) -> None:
+    def __init__(self, model: str | Path) -> None:
+        model = Path(model)
         refuse_sharded(model)
         if not model.is_file():
             raise MissingError(f"{model} is not a file: pass a checkpoint (.ckpt) or an ONNX export (.onnx).")
@@ -100,9 +103,19 @@ class Predictor:
             self._run = lambda images: served(images.to(device)).float().cpu()
         return self
 
-    def prepare(self, image: str | bytes) -> torch.Tensor:
-        """An image file or its bytes as validation prepares it: uint8, 3 x S x S."""
-        return self.transform(read_rgb(image))
+    def prepare(self, image: str | Path | bytes | Image.Image | torch.Tensor) -> torch.Tensor:
+        """An image as validation prepares it: uint8, 3 x S x S. From a file, its bytes, a PIL image, or
+        a uint8 tensor of 3 x H x W (channels first, RGB), as `read_rgb` gives."""
+        if isinstance(image, Image.Image):
+            image = pil_to_tensor(image.convert("RGB"))
+        elif not isinstance(image, torch.Tensor):
+            image = read_rgb(str(image) if isinstance(image, Path) else image)
+        if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
+            raise ConfigError(
+                f"Predictor.prepare takes a uint8 tensor of 3 x H x W, as read_rgb gives, not {image.dtype} of "
+                f"{' x '.join(map(str, image.shape))}: give the file, or a PIL image, instead."
+            )
+        return self.transform(image)
 
     def __call__(self, images: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Class probabilities (float32, on the CPU) of prepared images, N x 3 x S x S."""
