@@ -41,10 +41,16 @@ def test_a_folder_and_a_single_image_get_their_top_classes(monkeypatch, trained,
         assert {row[f"class_{k}"] for k in (1, 2, 3)} <= set(CLASSES)
 
 
-def test_a_predictor_in_python_takes_a_file_its_bytes_a_pil_image_or_a_tensor_alike(monkeypatch, trained, tiny_shapes):
+def test_a_predictor_in_python_takes_a_file_its_bytes_a_pil_image_or_a_tensor_alike(
+    monkeypatch, trained, tiny_shapes, tmp_path
+):
     (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
     predictor = Predictor(str(checkpoint)).load()  # as docs/evaluation.md shows it
-    image = next((tiny_shapes / "val" / CLASSES[0]).glob("*.png"))
+    # Turned on its side, as a phone's photo is, with the EXIF orientation that sets it upright.
+    image, orientation = tmp_path / "sideways.png", Image.Exif()
+    orientation[0x0112] = 6
+    with Image.open(next((tiny_shapes / "val" / CLASSES[0]).glob("*.png"))) as upright:
+        upright.transpose(Image.Transpose.ROTATE_90).save(image, exif=orientation.tobytes())
     with Image.open(image) as opened:
         given = [str(image), image, image.read_bytes(), opened, read_rgb(str(image))]
         prepared = [predictor.prepare(each) for each in given]

@@ -48,11 +48,12 @@ def test_init_weights_start_the_backbone_from_a_checkpoint_and_its_head_where_th
     trained = ImageClassifier(num_classes=6, backbone="resnet18", class_names=list("abcdef"))
     checkpoint = tmp_path / "trained.ckpt"
     torch.save({"state_dict": trained.state_dict(), "hyper_parameters": dict(trained.hparams)}, checkpoint)
-    same = ImageClassifier(num_classes=6, class_names=list("abcdef"), init_weights=str(checkpoint))
+    same = ImageClassifier(num_classes=6, backbone="resnet18", class_names=list("abcdef"), init_weights=str(checkpoint))
     assert all(torch.equal(weights, trained.backbone.state_dict()[name])
                for name, weights in same.backbone.state_dict().items())  # fmt: skip
     for other in (list("abcdeg"), list("abcd")):  # other names, another number
-        started = ImageClassifier(num_classes=len(other), class_names=other, init_weights=str(checkpoint))
+        started = ImageClassifier(num_classes=len(other), backbone="resnet18", class_names=other,
+                                  init_weights=str(checkpoint))  # fmt: skip
         assert torch.equal(started.backbone.conv1.weight, trained.backbone.conv1.weight)
         assert not torch.equal(started.backbone.fc.bias[:4], trained.backbone.fc.bias[:4]), "a new head"
 

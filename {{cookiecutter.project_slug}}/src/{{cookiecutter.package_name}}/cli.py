@@ -48,7 +48,7 @@ from .errors import (
 )
 from .hardware.checks import check_hardware, settle_precision
 from .model import ImageClassifier, check_same_architecture, check_same_classes, check_same_optimizer_layout
-from .training.callbacks import EndWithLauncher, wait_for
+from .training.callbacks import EndWithLauncher, started_by_local_rank_0, wait_for
 from .training.checkpoint_io import Trainer
 from .training.progress import LogLines
 from .training.quiet import (
@@ -60,6 +60,7 @@ from .training.quiet import (
 from .training.resume import (
     ALLOW_CHANGES,
     EVALUATIONS,
+    FIRST_WEIGHTS,
     LINKED,
 {%- if cookiecutter.logger != "wandb" %}
     SaveConfigWhole,
@@ -549,7 +550,7 @@ class ClassifierCLI(LightningCLI):
             data = self.config[subcommand].data
             data.pretrained_backbone = pretrained_backbone(asked.get("backbone"), asked.get("pretrained", False))
         # A new run from a checkpoint (weights come from it, not from pretrained ones).
-        moot = {*LINKED, "model.pretrained", "model.init_weights"}
+        moot = {*LINKED, *FIRST_WEIGHTS, "model.pretrained"}
         dropped = [name for name in sorted(options_given(GIVEN, "model"))
                    if asked.get(name) != built.get(name) and f"model.{name}" not in moot]  # fmt: skip
         if dropped:
@@ -817,7 +818,7 @@ def main(args: list[str] | None = None) -> None:
         if wants_traceback():
             raise
         wait_for(getattr(error, "started", []))
-        if getattr(error, "in_every_process", False) and not is_first_process():
+        if getattr(error, "in_every_process", False) and started_by_local_rank_0():
             sys.exit(1)
         sys.exit(f"error: {one_line(error)}")
     except RuntimeError as error:

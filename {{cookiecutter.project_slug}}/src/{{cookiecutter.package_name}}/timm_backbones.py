@@ -90,9 +90,10 @@ def pretrained_weights_missing(name: str) -> str | None:
 
     check_name(name)
     model = name.removeprefix(PREFIX)
-    repo = _timm().models.get_pretrained_cfg(model).hf_hub_id
-    files = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors")
-    if not repo or any(isinstance(try_to_load_from_cache(repo, file), str) for file in files):
+    config = _timm().models.get_pretrained_cfg(model)
+    repo = getattr(config, "hf_hub_id", None)
+    files = ("model.safetensors", "pytorch_model.bin", getattr(config, "hf_hub_filename", None))
+    if not repo or any(isinstance(try_to_load_from_cache(repo, file), str) for file in files if file):
         return None
     host = urlparse(huggingface_hub.constants.ENDPOINT).hostname or "huggingface.co"
     if reachable(host):

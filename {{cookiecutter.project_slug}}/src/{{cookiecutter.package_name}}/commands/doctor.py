@@ -155,7 +155,7 @@ def main(args: list[str]) -> int:
     facts = machine_facts()
     config = resolved_config([f"--config={path}" for path in options.config])
     found = [*checks(facts, config), data_folder_check(config["data"])]
-    if config["model"]["pretrained"]:
+    if config["model"]["pretrained"] and not config["model"]["init_weights"]:  # with them, none are downloaded
         found.append(weights_check(config["model"]["backbone"]))
     if options.json:
         print(json.dumps({"machine": facts, "checks": [asdict(check) for check in found]}))

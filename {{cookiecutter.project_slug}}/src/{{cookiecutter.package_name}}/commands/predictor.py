@@ -10,10 +10,9 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import nn
-from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..data import checkpoint_preprocessing
-from ..datasets.images import read_rgb
+from ..datasets.images import read_rgb, rgb_from_pil
 from ..errors import ConfigError, DataError, MissingError
 from ..model import ImageClassifier, load_trained
 from ..training.resume import refuse_sharded, saved_checkpoint
@@ -105,12 +104,12 @@ class Predictor:
 
     def prepare(self, image: str | Path | bytes | Image.Image | torch.Tensor) -> torch.Tensor:
         """An image as validation prepares it: uint8, 3 x S x S. From a file, its bytes, a PIL image, or
-        a uint8 tensor of 3 x H x W (channels first, RGB), as `read_rgb` gives."""
+        a tensor of 3 x H x W (channels first, RGB, uint8 or uint16), as `read_rgb` gives."""
         if isinstance(image, Image.Image):
-            image = pil_to_tensor(image.convert("RGB"))
+            image = rgb_from_pil(image)
         elif not isinstance(image, torch.Tensor):
             image = read_rgb(str(image) if isinstance(image, Path) else image)
-        if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
+        if image.dtype not in (torch.uint8, torch.uint16) or image.ndim != 3 or image.shape[0] != 3:
             raise ConfigError(
                 f"Predictor.prepare takes a uint8 tensor of 3 x H x W, as read_rgb gives, not {image.dtype} of "
                 f"{' x '.join(map(str, image.shape))}: give the file, or a PIL image, instead."

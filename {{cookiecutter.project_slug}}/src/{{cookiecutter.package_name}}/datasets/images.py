@@ -140,14 +140,19 @@ def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
         limit = 2 * Image.MAX_IMAGE_PIXELS  # where PIL's warning becomes this error
         raise ValueError(f"more than {limit:,} pixels, the most PIL opens (against decompression bombs)") from error
     with opened as image:
-        image = ImageOps.exif_transpose(image)
-        if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
-            levels = np.asarray(image, dtype=np.float32) / 257
-            image = Image.fromarray(levels.clip(0, 255).astype(np.uint8))
-        elif image.mode == "F":  # float grey (scientific TIFFs): 0..1 to 0..255, where convert() would go black
-            levels = np.nan_to_num(np.asarray(image, dtype=np.float32))
-            image = Image.fromarray((levels * 255 if levels.max() <= 1 else levels).clip(0, 255).astype(np.uint8))
-        return pil_to_tensor(image.convert("RGB"))
+        return rgb_from_pil(image)
+
+
+def rgb_from_pil(image: Image.Image) -> torch.Tensor:
+    """A PIL image as `read_rgb` reads a file: 3 x H x W, uint8, upright as its EXIF orientation says."""
+    image = ImageOps.exif_transpose(image)
+    if image.mode.startswith("I"):  # 16-bit grey: 0..65535 to 0..255, where convert() would clip
+        levels = np.asarray(image, dtype=np.float32) / 257
+        image = Image.fromarray(levels.clip(0, 255).astype(np.uint8))
+    elif image.mode == "F":  # float grey (scientific TIFFs): 0..1 to 0..255, where convert() would go black
+        levels = np.nan_to_num(np.asarray(image, dtype=np.float32))
+        image = Image.fromarray((levels * 255 if levels.max() <= 1 else levels).clip(0, 255).astype(np.uint8))
+    return pil_to_tensor(image.convert("RGB"))
 
 
 def pil_reads_better(source: str | bytes | memoryview) -> bool:

@@ -118,19 +118,22 @@ class CheckpointOnStop(L.Callback):
         progress["is_last_batch"] = False
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException):
+            return
+        exception.signal = self.stopped_by  # cli.main exits with the shell's status for it
         checkpoint = trainer.checkpoint_callback
-        if not isinstance(exception, SIGTERMException) or checkpoint is None or not checkpoint.dirpath:
-            return
-        if trainer.state.fn != TrainerFn.FITTING:
-            # An evaluation has nothing to save, and its model is the checkpoint it evaluates (the best,
-            # often): written as last.ckpt, the run would resume from that epoch.
-            return
-        path = Path(checkpoint.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+        # An evaluation has nothing to save, and its model is the checkpoint it evaluates (the best,
+        # often): written as last.ckpt, the run would resume from that epoch.
+        if trainer.state.fn == TrainerFn.FITTING and checkpoint is not None and checkpoint.dirpath:
+            self._save_last(trainer, Path(checkpoint.dirpath), exception)
+        # After the save, whose collectives the launcher's watch still guards; cli.main waits for them.
+        exception.started = take_over_started_processes(trainer)
+
+    def _save_last(self, trainer: L.Trainer, folder: Path, exception: SIGTERMException) -> None:
+        path = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
         self._saving_in_validation = trainer.validating
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part, as sharded strategies need
         exception.saved = path  # cli.main then prints the command that resumes, as the last line
-        exception.signal = self.stopped_by  # and exits with the shell's status for it
-        exception.started = take_over_started_processes(trainer)  # which cli.main waits for before it ends
         said = "Ctrl-C" if self.stopped_by == signal.SIGINT else "SIGTERM"
         during = ", during validation, which the resumed run does again" if trainer.validating else ""
         rank_zero_info(f"{said}: saved {path} at step {trainer.global_step}{during}.")
@@ -144,6 +147,13 @@ def take_over_started_processes(trainer: L.Trainer) -> list[subprocess.Popen]:
     taken = list(started)
     started.clear()
     return taken
+
+
+def started_by_local_rank_0() -> bool:
+    """Whether Lightning's launcher in this machine's first process started this one (not torchrun or
+    SLURM, whose processes each report to the job), so that the first one tells what all of them met."""
+    launched = os.environ.get("LOCAL_RANK", "0") != "0"
+    return launched and "TORCHELASTIC_RUN_ID" not in os.environ and "SLURM_PROCID" not in os.environ
 
 
 def wait_for(processes: list[subprocess.Popen], seconds: float = 30) -> None:

@@ -43,8 +43,7 @@ class LogLines(ProgressBar):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         # Read before the step, as LearningRateMonitor logs them: by the epoch's end the schedule has
         # moved on to the next step's (0 after the last epoch's, a rate no step used).
-        groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
-        self._rates = {group.get("name", str(index)): group["lr"] for index, group in enumerate(groups)}
+        self._rates = rates_of(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         images = len(batch[0] if isinstance(batch, (list, tuple)) else batch) * trainer.world_size
@@ -80,8 +79,9 @@ class LogLines(ProgressBar):
             for name, value in sorted(logged.items())
             if not name.endswith("_step") and f"{name}_epoch" not in logged and not name.startswith("lr-")
         }
-        # Read here, not from LearningRateMonitor, which may have logged none this epoch.
-        rates = self._rates
+        # Read here, not from LearningRateMonitor, which may have logged none this epoch. A run resumed
+        # at the epoch's closing validation took no step of it: the optimizer's rates, as restored.
+        rates = self._rates or rates_of(trainer)
         if len(set(rates.values())) == 1:  # one number where the parameter groups agree
             metrics["lr"] = next(iter(rates.values()))
         else:
@@ -103,3 +103,9 @@ class LogLines(ProgressBar):
         values = "  ".join(f"{name} {value:.4g}" for name, value in metrics.items())
         # Flushed: a file or pipe holds what is printed in a buffer, which is the silence this avoids.
         print("  ".join(part for part in (head, values, tail) if part), flush=True)
+
+
+def rates_of(trainer: L.Trainer) -> dict[str, float]:
+    """The learning rate of each parameter group of the first optimizer, by the group's name."""
+    groups = trainer.optimizers[0].param_groups if trainer.optimizers else []
+    return {group.get("name", str(index)): group["lr"] for index, group in enumerate(groups)}

@@ -47,6 +47,8 @@ HOW_NOT_WHAT = ("data.num_workers", "data.prefetch_factor", "data.worker_start_m
 {%- endif %})  # fmt: skip
 # Options that the CLI links from others (add_arguments_to_parser): compared through those.
 LINKED = ("model.batch_size", "model.num_classes", "model.class_names", "data.pretrained_backbone")
+# Where a new run's first weights come from: a resume has its own.
+FIRST_WEIGHTS = ("model.init_weights",)
 # Data options an evaluation takes from its own command and configs, not from the checkpoint: how
 # the images are read, and the batch size, which changes no evaluated number.
 EVALUATION_KEEPS = (*HOW_NOT_WHAT, *LINKED, "data.batch_size")
@@ -182,7 +184,7 @@ def check_same_options(config: Namespace, checkpoint: Path, requested: str, defa
         was, default = trained.get(section) or {}, defaults[section]
         for name, before, now in differences(was, as_plain(config.get(section))):
             key = f"{section}.{name}"
-            if key in HOW_NOT_WHAT + LINKED:
+            if key in HOW_NOT_WHAT + LINKED + FIRST_WEIGHTS:
                 continue
             if name not in was and name in default and now == default[name]:
                 gained.append(f"{key} {now!r}")  # added to the code since, at its default
