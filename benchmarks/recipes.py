@@ -3,7 +3,7 @@
 Run from the template's root (the digits need scikit-learn: pip install scikit-learn):
 
     .venv/bin/python benchmarks/recipes.py [--datasets shapes digits fashion] [--epochs 30] [--seeds 0 1]
-                                           [--targets 0.9 0.95] [--fit=--model.OPTION=VALUE ...]
+                                           [--targets 0.9 0.95] [--fit=--model.OPTION=VALUE]...
                                            [--fashion-mnist DIR] [--fashion-per-class 600]
 
 A project is rendered from the template (csv logger) and each recipe trained from scratch, on the
@@ -25,7 +25,7 @@ Datasets:
     scans) does, under a non-commercial licence and with 2 to 4 classes.
 Each run's best val/acc, its wall time and the time to each --targets accuracy (the wall time up to
 the first epoch that reached it, epochs taken as equally long) are printed as a table, per seed and
-as a mean; --fit adds options to every run (--fit=--model.small_image_stem=true, say).
+as a mean; each --fit adds an option to every run (--fit=--model.small_image_stem=true, say).
 """
 
 import argparse
@@ -157,8 +157,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--targets", type=float, nargs="+", default=[0.9, 0.95], help="val/acc to time")
-    parser.add_argument("--fit", nargs="+", default=[], metavar="OPTION",
-                        help="more options of every run, e.g. --fit=--model.small_image_stem=true")  # fmt: skip
+    parser.add_argument("--fit", action="append", default=[], metavar="OPTION",
+                        help="an option of every run, repeatable: --fit=--model.small_image_stem=true")  # fmt: skip
     args = parser.parse_args()
 
     import lightning

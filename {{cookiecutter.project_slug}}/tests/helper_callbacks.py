@@ -73,7 +73,7 @@ class RecordProcess(L.Callback):
             "node_rank": trainer.node_rank,
             "local_rank": trainer.local_rank,
             "environment": type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
-            "train_indices": [index for index, _ in trainer.train_dataloader.sampler],
+            "train_indices": [index for index, *_ in trainer.train_dataloader.sampler],
             "device": str(pl_module.device),
             "strategy": type(trainer.strategy).__name__,
             "precision": trainer.precision,

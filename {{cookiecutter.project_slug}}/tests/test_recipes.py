@@ -7,11 +7,13 @@ from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 from conftest import ON_CPU, on_data, refusal, run_cli
 from lightning.pytorch.strategies import ModelParallelStrategy
 from PIL import Image
+from test_exact_resume import FORMAT_OF
 from torchvision.ops import StochasticDepth
 
 from {{ cookiecutter.package_name }} import model as model_module
@@ -84,6 +86,68 @@ def test_mixing_trains_on_soft_targets_and_turns_training_accuracy_off(in_projec
     logged = set(cli.trainer.callback_metrics)
     assert {"train/loss_step", "val/acc"} <= logged and not [name for name in logged if name.startswith("train/acc")]
     assert "train/acc" not in cli.model.logged_metrics()
+
+
+class TrainingInputs(L.Callback):
+    """The images each training epoch's steps fed the backbone (after mixing), in order."""
+
+    def __init__(self) -> None:
+        self.by_epoch: dict[int, list[torch.Tensor]] = {}
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
+        def keep(module, inputs) -> None:
+            if module.training:
+                self.by_epoch.setdefault(trainer.current_epoch, []).append(inputs[0].detach().clone())
+
+        pl_module.backbone.register_forward_pre_hook(keep)
+
+
+def trained_inputs(data: list[str], *options: str) -> dict[int, torch.Tensor]:
+    """The images of two whole epochs{{ " (LitData's workers count an epoch cut short by
+    trainer.limit_train_batches as they please)" if cookiecutter.streaming == "yes" }}."""
+    inputs = TrainingInputs()
+    cli = build([*ON_CPU, *data, *SMALL, "--trainer.max_epochs=2", *options])
+    cli.trainer.callbacks.append(inputs)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return {epoch: torch.cat(batches) for epoch, batches in inputs.by_epoch.items()}
+
+
+STRONG = ["--data.augment=trivialaugment", "--data.random_erasing=0.5", "--model.mixup_alpha=0.4",
+          "--model.cutmix_alpha=1.0"]  # fmt: skip
+
+
+@pytest.mark.parametrize("dataset", ["tiny_shapes"{{ ', "shards"' if cookiecutter.streaming == "yes" }}])
+def test_the_first_epochs_train_as_basic_until_the_policy_and_mixing_start(in_project_copy, request, caplog, dataset):
+    # Data workers that outlive the epochs, as users get them: they learn the epoch from the loader.
+    data = [*on_data(request.getfixturevalue(dataset)), *FORMAT_OF[dataset], "--data.num_workers=2"]
+    basic = trained_inputs(data, *logged_to("basic"))
+    caplog.clear()
+    delayed = trained_inputs(data, *logged_to("delayed"), *STRONG, "--data.basic_augment_epochs=1",
+                             "--model.unmixed_epochs=1")  # fmt: skip
+    assert "Until epoch 1 the training images get the basic augmentation, then trivialaugment and random erasing " \
+           "0.5 too (data.basic_augment_epochs)." in caplog.text  # fmt: skip
+    assert "Until epoch 1 the model trains on whole images, then on Mixup/CutMix blends (model.unmixed_epochs)." \
+           in caplog.text  # fmt: skip
+    strong = trained_inputs(data, *logged_to("strong"), *STRONG)
+    assert torch.equal(delayed[0], basic[0]), "epoch 0 as the basic recipe's"
+    assert torch.equal(delayed[1], strong[1]) and not torch.equal(strong[1], basic[1]), "epoch 1 as the strong one's"
+
+
+def test_a_run_that_ends_before_the_policy_and_mixing_start_says_so(in_project_copy, tiny_shapes, caplog):
+    fitted(tiny_shapes, "--trainer.fast_dev_run=1", *STRONG, "--data.basic_augment_epochs=3",
+           "--model.unmixed_epochs=3")  # fmt: skip
+    assert "(data.basic_augment_epochs); this run ends before, at epoch 0." in caplog.text
+    assert "(model.unmixed_epochs); this run ends before, at epoch 0." in caplog.text
+    caplog.clear()
+    fitted(tiny_shapes, "--trainer.fast_dev_run=1", "--data.basic_augment_epochs=3", "--model.unmixed_epochs=3")
+    assert "Until epoch" not in caplog.text, "nothing waits for them: the recipe's delays with its policy turned off"
+
+
+def test_a_negative_delay_is_refused():
+    with pytest.raises(ConfigError, match="data.basic_augment_epochs must be 0 or more, got -1"):
+        ImageDataModule(basic_augment_epochs=-1, augment="trivialaugment")
+    with pytest.raises(ConfigError, match="model.unmixed_epochs must be 0 or more, got -1"):
+        model_module.ImageClassifier(num_classes=2, unmixed_epochs=-1)
 
 
 EMA = json.dumps({"class_path": "{{ cookiecutter.package_name }}.training.ema.ModelEMA", "init_args": {"decay": 0.9}})

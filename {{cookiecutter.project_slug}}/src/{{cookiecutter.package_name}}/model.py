@@ -25,6 +25,7 @@ from .training.batch_mixing import BatchMixing
 from .training.checkpoint_io import write_whole
 from .training.csv_logging import forget_rows_from
 from .training.metrics import MeanPerImage, add_states, classification_metrics, states_so_far
+from .training.progress import ends_before
 from .training.reports import write_report
 from .training.resume import epoch_goes_on_after
 from .training.run_folders import mark_finished, mark_unfinished
@@ -65,6 +66,8 @@ class ImageClassifier(L.LightningModule):
             are off (a blended image has no one label); validation runs on whole images.
         mix_prob: Share of the training batches that are mixed.
         mix_switch_prob: With both Mixup and CutMix on, the share of mixed batches that get CutMix.
+        unmixed_epochs: Train this many epochs first on whole images, then mix: a model that has not
+            fitted the data yet learns little from blends, so a short run is not mixed at all.
         class_weights: Weigh the training loss per class: "balanced" by images / (classes x the
             class's training images), so each class counts alike whatever its size (train/loss is
             then the weighted loss); "none" counts each image alike.
@@ -108,6 +111,7 @@ class ImageClassifier(L.LightningModule):
         cutmix_alpha: float = 0.0,
         mix_prob: float = 1.0,
         mix_switch_prob: float = 0.5,
+        unmixed_epochs: int = 0,
         class_weights: Literal["none", "balanced"] = "none",
         stochastic_depth: float | None = None,
         backbone_lr_scale: float = 1.0,
@@ -133,6 +137,7 @@ class ImageClassifier(L.LightningModule):
             ("stochastic_depth", stochastic_depth, stochastic_depth is None or 0 <= stochastic_depth < 1, below_one),
             ("backbone_lr_scale", backbone_lr_scale, backbone_lr_scale >= 0, "0 or more"),
             ("frozen_backbone_epochs", frozen_backbone_epochs, frozen_backbone_epochs >= 0, "0 or more"),
+            ("unmixed_epochs", unmixed_epochs, unmixed_epochs >= 0, "0 or more"),
             ("batch_size", batch_size, batch_size >= 1, "1 or more"),
             ("base_batch_size", base_batch_size, base_batch_size >= 1, "1 or more"),
         ]:
@@ -174,7 +179,7 @@ class ImageClassifier(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
         targets = labels
-        if self.batch_mixing.enabled:
+        if self.batch_mixing.enabled and self.current_epoch >= self.hparams.unmixed_epochs:
             images, targets = self.batch_mixing(
                 images, labels, run_seed(), self.global_rank, self.trainer.fit_loop.total_batch_idx
             )
@@ -431,6 +436,9 @@ class ImageClassifier(L.LightningModule):
                 "Mixup/CutMix on: train/loss is the loss on the blended images; the train/ accuracy metrics are off "
                 "(a blended image has no one label) and val/ metrics are on whole images."
             )
+            if unmixed := self.hparams.unmixed_epochs:
+                line = f"Until epoch {unmixed} the model trains on whole images, then on Mixup/CutMix blends"
+                rank_zero_info(f"{line} (model.unmixed_epochs){ends_before(self.trainer, unmixed)}")
 
     def check_run(self, callbacks: list, datamodule, max_epochs: int | None = None) -> None:
         """Refuse what would fail only later: a monitored metric that is never logged (after the first

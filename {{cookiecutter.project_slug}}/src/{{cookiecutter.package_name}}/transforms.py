@@ -117,6 +117,23 @@ def resolve_preprocessing(image_size: int, pretrained_backbone: str | None, **gi
     return Preprocessing(image_size, **options)
 
 
+class ScheduledAugmentation(v2.Compose):
+    """A training augmentation whose policy and erasing start at epoch `start`: the epochs before it
+    train on `basic` (the crop and flips alone)."""
+
+    def __init__(self, transforms: list[v2.Transform], basic: v2.Compose, start: int) -> None:
+        super().__init__(transforms)
+        self.basic, self.start = basic, start
+
+    def at(self, epoch: int) -> v2.Transform:
+        return self.basic if epoch < self.start else self
+
+
+def at_epoch(transform: v2.Transform, epoch: int | None) -> v2.Transform:
+    """The transform an image of `epoch` goes through (None: not a training epoch's image)."""
+    return transform.at(epoch) if epoch is not None and isinstance(transform, ScheduledAugmentation) else transform
+
+
 def train_transform(
     preprocessing: Preprocessing,
     augment: Augment,
@@ -124,9 +141,11 @@ def train_transform(
     vflip: bool,
     min_crop_scale: float,
     random_erasing: float,
+    basic_augment_epochs: int = 0,
 ) -> v2.Compose:
     """The training augmentation, on uint8 images, in the order of torchvision's reference recipe:
-    random crop, flips, an automatic policy, then RandomErasing."""
+    random crop, flips, an automatic policy, then RandomErasing; the policy and erasing from epoch
+    `basic_augment_epochs` on."""
     if augment == "none":
         if random_erasing > 0:
             raise ConfigError("data.random_erasing needs an augmentation: set data.augment to basic or a policy.")
@@ -140,6 +159,7 @@ def train_transform(
     if vflip:
         steps.append(v2.RandomVerticalFlip())
     steps.append(v2.ToDtype(torch.uint8, scale=True))  # the policies' colour operations take 8-bit images
+    basic = list(steps)
     if augment == "trivialaugment":
         steps.append(v2.TrivialAugmentWide(interpolation=policy_interpolation))
     elif augment == "randaugment":
@@ -151,4 +171,6 @@ def train_transform(
         # reference) means: the patch carries no signal, only the absence of one.
         mean_colour = [round(channel * 255) for channel in preprocessing.mean]
         steps.append(v2.RandomErasing(p=random_erasing, value=mean_colour))
+    if basic_augment_epochs and len(steps) > len(basic):
+        return ScheduledAugmentation(steps, v2.Compose(basic), basic_augment_epochs)
     return v2.Compose(steps)

@@ -18,6 +18,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ..errors import DataError
+from ..transforms import at_epoch
 from .sampling import seeded_draws
 
 # The file types that the image folders take: torchvision's, GIF (its first frame) and JPEG's other
@@ -65,14 +66,16 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, int] | None:
-        """The sample at an index; at (index, seed), from EpochSampler, augmented with draws seeded by `seed`."""
-        index, seed = (key, None) if isinstance(key, int) else key
+    def __getitem__(self, key: int | tuple[int, int, int]) -> tuple[torch.Tensor, int] | None:
+        """The sample at an index; at (index, seed, epoch), from EpochSampler, augmented as that epoch
+        is, with draws seeded by `seed`."""
+        index, seed, epoch = (key, None, None) if isinstance(key, int) else key
         path, label = self.samples[index]
         first_skip = functools.partial(self._skips_said.first, index)
+        transform = at_epoch(self.image_transform, epoch)
         with contextlib.nullcontext() if seed is None else seeded_draws(seed):
             return labelled_image(
-                path, path if self.named else label, path, self.image_transform, self.skip_unreadable, first_skip
+                path, path if self.named else label, path, transform, self.skip_unreadable, first_skip
             )
 
 

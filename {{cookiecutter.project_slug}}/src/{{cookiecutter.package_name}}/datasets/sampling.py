@@ -44,8 +44,9 @@ class EpochSampler(DistributedSampler):
     can also start part-way: `resume_at` skips what a resumed run's process already trained on.
     The length stays the whole epoch's, which Lightning counts the interrupted epoch's batches in.
 
-    It gives (index, seed) pairs: the seed of that image's augmentation, from the run's seed, the
-    epoch and the image's place in the epoch's order across processes (ImageFiles draws with it).
+    It gives (index, seed, epoch): the seed of that image's augmentation, from the run's seed, the
+    epoch and the image's place in the epoch's order across processes (ImageFiles draws with it), and
+    the epoch, which data workers that outlive epochs know only from here.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -58,10 +59,10 @@ class EpochSampler(DistributedSampler):
     def epoch_indices(self) -> list[int]:
         return list(super().__iter__())
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
         start = self.resume_skip if self.epoch == self.resume_epoch else 0
         for place, index in enumerate(self.epoch_indices()[start:], start):
-            yield index, draw_seed(self.seed, self.epoch, self.rank + place * self.num_replicas)
+            yield index, draw_seed(self.seed, self.epoch, self.rank + place * self.num_replicas), self.epoch
 
 
 class ClassBalancedSampler(EpochSampler):

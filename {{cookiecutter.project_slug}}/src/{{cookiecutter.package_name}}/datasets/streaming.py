@@ -23,6 +23,7 @@ from torchvision.transforms import v2
 from ..errors import ConfigError, MissingError
 from ..hardware.network import is_remote
 from ..training.checkpoint_io import write_whole
+from ..transforms import at_epoch
 from .images import SaidOnce, labelled_image
 from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
 
@@ -224,10 +225,12 @@ class ShardedImages(StreamingDataset):
         # Augmented with draws seeded by the run, the epoch and the image, which a resumed run repeats
         # (LitData keeps the epoch in its state) whatever the workers drew before.
         image = index.index if isinstance(index, ChunkedIndex) else index  # its place in the split
+        # LitData counts epochs from 1.
+        transform = at_epoch(self.image_transform, self.current_epoch - 1)
         with seeded_draws(draw_seed(self.seed, self.current_epoch, image)):
             label = join(self.location, item["path"]) if self.named else item["label"]
             first_skip = functools.partial(self._skips_said.first, image)
-            return labelled_image(item["image"], label, said, self.image_transform, self.skip_unreadable, first_skip)
+            return labelled_image(item["image"], label, said, transform, self.skip_unreadable, first_skip)
 
 
 class StreamingLoader(StreamingDataLoader):

@@ -12,6 +12,13 @@ from lightning.pytorch.callbacks import ProgressBar
 FIRST_LINE_STEPS = 10
 
 
+def ends_before(trainer: L.Trainer | None, epoch: int) -> str:
+    """The end of a line saying what starts at `epoch`: "; this run ends before, at epoch N." where
+    its epochs end before that one, else "."."""
+    max_epochs = trainer.max_epochs if trainer is not None else None
+    return f"; this run ends before, at epoch {max_epochs - 1}." if max_epochs and 0 < max_epochs <= epoch else "."
+
+
 class LogLines(ProgressBar):
     """A line every `every_n_steps` training steps or `every_seconds`, whichever comes first, and after
     the run's first 10 steps (epoch, step, the progress-bar metrics, images/s); and one per epoch
