@@ -1,5 +1,6 @@
 """`benchmark data` and `benchmark train` measure, print, and leave a config the CLI can use."""
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -69,6 +70,18 @@ def test_train_benchmark_compares_precisions_side_by_side(monkeypatch, capsys, i
     assert [row[0] for row in rows] == ["32-true", "bf16-mixed"] and rows[0][2] == "1.00x"
     assert all(float(row[1]) > 0 for row in rows)
     assert printed[-1].startswith("Fastest here: ")
+
+
+def test_the_benchmarks_time_a_recipes_epochs_with_its_policy_and_mixing_on(monkeypatch, capsys, in_project_copy,
+                                                                            tiny_shapes):  # fmt: skip
+    trained = []
+    monkeypatch.setattr(L.Trainer, "fit", lambda trainer, model, data: trained.append((model, data)))
+    message = refusal(monkeypatch, capsys, "benchmark", "train", *ON_CPU, *on_data(tiny_shapes),
+                      "--data.augment=trivialaugment", "--data.basic_augment_epochs=10", "--model.mixup_alpha=0.2",
+                      "--model.unmixed_epochs=10")  # fmt: skip
+    assert "Too few training batches" in message, "nothing timed: the fit was not run"
+    ((model, data),) = trained
+    assert (data.hparams.basic_augment_epochs, model.hparams.unmixed_epochs) == (0, 0)
 
 
 def test_flops_are_counted_for_forward_and_backward():

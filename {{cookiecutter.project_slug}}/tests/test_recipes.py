@@ -154,16 +154,19 @@ EMA = json.dumps({"class_path": "{{ cookiecutter.package_name }}.training.ema.Mo
 STOP_AFTER_FIRST_EPOCH = json.dumps({"class_path": "helper_callbacks.StopAfterEpoch", "init_args": {"epoch": 0}})
 
 
-def test_resuming_with_ema_and_mixing_gives_the_uninterrupted_runs_weights(in_project_copy, tiny_shapes):
-    # Resumed between epochs (test_exact_resume.py resumes mid-epoch), with the default augmentation
-    # and a backbone with dropout.
-    options = ["--trainer.max_epochs=2", "--model.backbone=mobilenet_v3_small",
-               "--model.mixup_alpha=0.4", "--model.cutmix_alpha=1.0", f"--trainer.callbacks+={EMA}"]  # fmt: skip
-    whole = fitted(tiny_shapes, *options, *logged_to("whole"))
-    fitted(tiny_shapes, *options, *logged_to("parts"), f"--trainer.callbacks+={STOP_AFTER_FIRST_EPOCH}")
+@pytest.mark.parametrize("dataset", ["tiny_shapes"{{ ', "shards"' if cookiecutter.streaming == "yes" }}])
+def test_resuming_with_ema_and_mixing_gives_the_uninterrupted_runs_weights(in_project_copy, request, dataset):
+    # Resumed between epochs (test_exact_resume.py resumes mid-epoch), with a backbone with dropout,
+    # into the epoch where the policy and mixing start.
+    images = request.getfixturevalue(dataset)
+    options = [*FORMAT_OF[dataset], "--trainer.max_epochs=2", "--model.backbone=mobilenet_v3_small",
+               "--data.augment=trivialaugment", "--data.basic_augment_epochs=1", "--model.mixup_alpha=0.4",
+               "--model.cutmix_alpha=1.0", "--model.unmixed_epochs=1", f"--trainer.callbacks+={EMA}"]  # fmt: skip
+    whole = fitted(images, *options, *logged_to("whole"))
+    fitted(images, *options, *logged_to("parts"), f"--trainer.callbacks+={STOP_AFTER_FIRST_EPOCH}")
     (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
     assert torch.load(interrupted, weights_only=True)["epoch"] == 0
-    resumed = fitted(tiny_shapes, *options, *logged_to("parts"), ckpt_path=str(interrupted))
+    resumed = fitted(images, *options, *logged_to("parts"), ckpt_path=str(interrupted))
     assert resumed.trainer.global_step == whole.trainer.global_step == 18  # 72 images in batches of 8, 2 epochs
     one, other = last_checkpoint("whole"), last_checkpoint("parts")
     for key in ("state_dict", "current_model_state", "averaging_state"):

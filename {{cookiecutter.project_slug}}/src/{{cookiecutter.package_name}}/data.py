@@ -599,16 +599,22 @@ class StreamingDataModule(ImageDataModule):
         # LitData evens out the processes' shares by dropping each one's last batch, whatever its length.
         share = sum(self.train_class_counts()) // (self.trainer.world_size if self.trainer is not None else 1)
         self._train_loader = self._loader(self.train_set, drop_last=share > self.batch_size)
+        # LitData's loader counts its passes (from 1, adding one as each starts): a loader made
+        # after the first epoch, or for a resumed run, would shuffle and augment as the first.
+        self._train_loader.current_epoch = self._next_epoch()
         self._resume_train_epoch()
         return self._train_loader
 
     def _resume_train_epoch(self) -> None:
-        """Continue a resumed run's interrupted epoch, once both the loader and the checkpoint's state
-        are here (see ImageDataModule._resume_train_epoch)."""
+        """Continue a resumed run at its epoch, and an interrupted epoch where it stopped, once both
+        the loader and the checkpoint's state are here (see ImageDataModule._resume_train_epoch)."""
         from .datasets.streaming import resume_position
 
         if self._train_loader is None:
             return
+        epoch, self._resumed_epoch = self._resumed_epoch, None
+        if epoch is not None:
+            self._train_loader.current_epoch = epoch
         position, self._epoch_position = self._epoch_position, None
         if position is not None:
             resume_position(self._train_loader, position["loader"])

@@ -5,7 +5,8 @@ data: images/s of the training data loader for growing num_workers, until more w
 train: images/s of training steps with the current configuration, and on NVIDIA GPUs the model
       FLOP utilisation (MFU) against the GPU's peak for the precision; with --precision, of each
       precision side by side.
-Options after the command are the usual CLI options (--config, --data.batch_size 128, ...).
+Options after the command are the usual CLI options (--config, --data.batch_size 128, ...). Both time
+the epochs after a recipe's basic ones: its augmentation policy and mixing on.
 """
 
 import argparse
@@ -188,6 +189,8 @@ def main(args: list[str]) -> int:
     )
     options, cli_args = parser.parse_known_args(args)
     parser.check_at_least(options, {"--batches": 1, "--steps": 1, "--warmup": 0})
+    # Timed as the run's later epochs train, with a recipe's augmentation policy and mixing on.
+    cli_args = [*cli_args, "--data.basic_augment_epochs=0", "--model.unmixed_epochs=0"]
     if options.what == "data":
         benchmark_data(cli_args, options.batches, options.workers)
     elif options.precision:
