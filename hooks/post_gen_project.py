@@ -25,6 +25,11 @@ MAKE_ENV = str(Path("scripts") / "make_env.py")  # the project's own, which user
 FILES_OF = {
     ("logger", "wandb"): (["wandb_logging"], ["test_wandb_logging"], ["docs/wandb.md"]),
     ("accelerator", "mps"): ([], [], ["configs/trainer/mps.yaml"]),
+    ("inference", "yes"): (
+        ["classify", "export", "predictor"],
+        ["test_classify", "test_export"],
+        ["docs/inference.md"],
+    ),
     ("serving", "yes"): (["serve", "image_requests"], ["test_serve"], ["docs/serving.md"]),
     ("experiments", "yes"): (
         ["sweep", "crossval", "search_space", "experiment_runs", "tuned_config"],

@@ -169,6 +169,9 @@ def problems(answers: dict[str, str]) -> list[str]:
             f"python_version {answers['python_version']!r} is not one the project's dependencies (torch, lightning) "
             f"support: use one of {', '.join(PYTHON_VERSIONS)} (e.g. python_version=3.11)."
         )
+    if answers["serving"] == "yes" and answers["inference"] != "yes":  # serve loads its model as classify does
+        found.append("serving is yes and inference is no, but serve loads the model through classify's Predictor: "
+                     "answer inference=yes, or serving=no.")  # fmt: skip
     backbone = answers["backbone"]
     if backbone.startswith("timm/"):
         if answers["timm"] != "yes":

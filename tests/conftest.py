@@ -62,6 +62,8 @@ EVERY_CAPABILITY = dict.fromkeys(CAPABILITY_FILES, "yes")
 # The marks of a capability that must not be left when its answer is no: a command, an import, a docs
 # page, a config, an extra.
 CAPABILITY_MARKS = {
+    "inference": r"\bclassify\b|\bexport(s|ed|ing)?\b(?! PYTHONPATH)|[Pp]redictor|onnx|ONNX|"
+    r"inference\.md|load_trained\b|checkpoint_preprocessing|takes_onnx",
     "serving": r"`serve`|serving\.md|litserve|image_requests|python-multipart|\[serve\]|,serve\b|\bserve\.py|"
     r'"serve"|{package} serve\b|EXPOSE',
     "experiments": r"optuna|\[sweep\]|,sweep\b|`sweep|`cv`|`repeat`|\"(sweep|cv|repeat)\"|crossval|search_space|"
@@ -163,13 +165,15 @@ def answer_matrix() -> list[dict[str, str]]:
         # lines stay within ruff's limit, and ruff format joins none of its split ones.
         "project_name": ["Image Classifier", "Défect Spotter 2", "x", "X-Ray_Triage.v2 of Chest Films"],
         "devices": ["1", "2", "auto", "8"],
-        # Periods of 2, 7, 11, 13 and 17, prime to each other, to the loggers' run of 3 and the backbones'
-        # of 5: every combination of the capabilities occurs, each on and off with every logger and backbone.
+        # Periods of 2, 7, 11, 13, 17 and 19, prime to each other, to the loggers' run of 3 and the backbones'
+        # of 5, inference's overridden where serving is on (serving needs it): every valid combination of the
+        # capabilities occurs, each on and off with every logger and backbone (test_render.py checks it).
         "serving": yes_no("yn"),
-        "experiments": yes_no("nyynnyy"),
-        "tuning": yes_no("nynynyyynnynnnnyn"),
-        "timm": yes_no("nnynnyyynny"),
-        "streaming": yes_no("yyynnnyyynynn"),
+        "inference": yes_no("nnnnnyynynynyynyyyn"),
+        "experiments": yes_no("nnynyyy"),
+        "tuning": yes_no("nynnynyyyynynnnyn"),
+        "timm": yes_no("nnyynnnyynn"),
+        "streaming": yes_no("yynnynyynnyyn"),
     }
     for index, combo in enumerate(combos):
         for key, values in independent.items():
@@ -178,6 +182,8 @@ def answer_matrix() -> list[dict[str, str]]:
             combo["devices"] = "1"
         elif not is_valid(combo):  # DDP or FSDP2 on the CPU with devices auto: one process
             combo["devices"] = "2"
+        if combo["serving"] == "yes":
+            combo["inference"] = "yes"  # serve loads its model through inference's Predictor
         if combo["backbone"] == "vit_b_16":
             combo["image_size"] = "224"  # the one side a ViT takes (the hook refuses another)
     return combos

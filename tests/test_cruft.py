@@ -120,7 +120,7 @@ def test_a_cookiecutter_project_keeps_its_answers_and_links_to_cruft(tmp_path, t
 
 
 def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path, template_repo):
-    answers = {"logger": "csv", "serving": "no", "experiments": "no", "timm": "no", "streaming": "no", "tuning": "no"}
+    answers = {"logger": "csv", **dict.fromkeys(CAPABILITY_FILES, "no")}
     run(CRUFT, "create", "--no-input", str(template_repo), "--output-dir", str(tmp_path),
         "--extra-context", json.dumps(answers), cwd=tmp_path)  # fmt: skip
     project = tmp_path / "image-classifier"
@@ -131,7 +131,7 @@ def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path
     commit_all(project, "A lower learning rate")
     assert not (package / "commands" / "serve.py").exists() and not (package / "commands" / "sweep.py").exists()
 
-    added = {"serving": "yes", "experiments": "yes", "timm": "yes", "streaming": "yes", "tuning": "yes"}
+    added = dict.fromkeys(CAPABILITY_FILES, "yes")
     run(CRUFT, "update", "--skip-apply-ask", "--variables-to-update", json.dumps(added), cwd=project)
     brought = [project / name.format(package=package.name) for answer in added for name in CAPABILITY_FILES[answer]]
     for path in brought:
@@ -141,11 +141,18 @@ def test_capabilities_left_out_are_added_later_and_the_users_edits_stay(tmp_path
         assert "from . import timm_backbones" in (package / shared).read_text(), shared
     assert os.access(project / "scripts" / "sweep.sbatch", os.X_OK)
     tools = (package / "cli.py").read_text()
-    assert all(f'"{command}": "{command}",' in tools for command in ("serve", "sweep", "shard", "tune", "benchmark"))
+    commands = ("classify", "export", "serve", "sweep", "shard", "tune", "benchmark")
+    assert all(f'"{command}": "{command}",' in tools for command in commands)
     pyproject = (project / "pyproject.toml").read_text()
-    assert "litserve" in pyproject and "optuna" in pyproject and "litdata" in pyproject
+    assert all(name in pyproject for name in ("onnxruntime", "litserve", "optuna", "litdata"))
     readme = (project / "README.md").read_text()
-    for command in ("| `serve` |", "| `sweep SPACE` |", "| `shard IMAGES OUTPUT` |", "`tune lr`, `tune batch_size` |"):
+    for command in (
+        "| `export CHECKPOINT` |",
+        "| `serve` |",
+        "| `sweep SPACE` |",
+        "| `shard IMAGES OUTPUT` |",
+        "`tune lr`, `tune batch_size` |",
+    ):
         assert command in readme, command
     assert 'format: Literal["folder", "streaming"]' in (package / "data.py").read_text()
     assert "lr: float = 1e-3," in model.read_text(), "the user's edit was lost"

@@ -89,7 +89,7 @@ def test_dockerfile_installs_the_project_on_an_official_pytorch_cuda_image(tmp_p
 
 @pytest.mark.parametrize(
     ("answers", "installed"),
-    [({"timm": "no"}, '&& pip install ".[export]"'),
+    [({"timm": "no"}, '&& pip install ".[export]"'), ({"timm": "no", "inference": "no"}, "&& pip install ."),
      ({"timm": "no", "python_version": "3.13"}, '&& uv pip install ".[export]"'),
      ({}, '&& pip install ".[export,timm]"'), ({"serving": "yes"}, '&& pip install ".[export,serve,timm]"'),
      ({"serving": "yes", "streaming": "yes", "experiments": "yes"},

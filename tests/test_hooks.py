@@ -30,6 +30,7 @@ REFUSED = [
     ({"backbone": "not_a_model"}, "backbone 'not_a_model' is not a torchvision classification model"),
     ({"backbone": "timm/not_a_model.x"}, "backbone 'timm/not_a_model.x' is not a timm model"),
     ({"backbone": "timm/resnet18", "timm": "no"}, "is a timm model, and timm is no: answer timm=yes"),
+    ({"serving": "yes", "inference": "no"}, "serving is yes and inference is no, but serve loads the model through "),
     ({"python_version": "2.7"}, "python_version '2.7' is not one the project's dependencies (torch, lightning)"),
     ({"python_version": "3.9"}, "use one of 3.10, 3.11, 3.12, 3.13 (e.g. python_version=3.11)"),
     ({"image_size": "big"}, "image_size 'big'"),

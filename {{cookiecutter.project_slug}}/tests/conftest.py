@@ -146,7 +146,7 @@ def run_cli(monkeypatch, *args: str) -> None:
 
 
 def run_command(monkeypatch, *args: str, status: int = 0) -> None:
-    """Run one of the project's own commands (classify, export, ...), which exit with `status`."""
+    """Run one of the project's own commands (doctor, report, ...), which exit with `status`."""
     with pytest.raises(SystemExit) as done:
         run_cli(monkeypatch, *args)
     assert done.value.code == status

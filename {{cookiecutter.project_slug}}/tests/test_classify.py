@@ -45,7 +45,7 @@ def test_a_predictor_in_python_takes_a_file_its_bytes_a_pil_image_or_a_tensor_al
     monkeypatch, trained, tiny_shapes, tmp_path
 ):
     (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
-    predictor = Predictor(str(checkpoint)).load()  # as docs/evaluation.md shows it
+    predictor = Predictor(str(checkpoint)).load()  # as docs/inference.md shows it
     # Turned on its side, as a phone's photo is, with the EXIF orientation that sets it upright.
     image, orientation = tmp_path / "sideways.png", Image.Exif()
     orientation[0x0112] = 6

@@ -256,7 +256,7 @@ def test_consolidate_names_a_missing_checkpoint_apart_from_a_file(monkeypatch, c
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model.ckpt"]
 
 
-def test_predict_on_a_folder_without_classes_points_at_classify(monkeypatch, capsys, trained, tiny_shapes):
+def test_predict_on_a_folder_without_classes_{{ "points_at_classify" if cookiecutter.inference == "yes" else "says_what_it_reads" }}(monkeypatch, capsys, trained, tiny_shapes):
     (checkpoint,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
     loose = trained / "photos"
     loose.mkdir()
@@ -264,7 +264,14 @@ def test_predict_on_a_folder_without_classes_points_at_classify(monkeypatch, cap
         shutil.copy(image, loose / image.name)
     capsys.readouterr()  # the training run's lines
     message = refusal(monkeypatch, capsys, "predict", *ON_CPU, *on_data(loose), f"--ckpt_path={checkpoint}")
+{%- if cookiecutter.inference == "yes" %}
     assert f"{loose} has no class folders" in message and f"classify {loose} --checkpoint" in message
+{%- else %}
+    assert message.endswith(
+        f"{loose} has no class folders, and predict runs a checkpoint over a dataset laid out in "
+        "them (its test/ or validation images): put the images in one folder per class."
+    )
+{%- endif %}
 
 
 def test_a_resume_of_another_backbone_is_refused_in_one_line(monkeypatch, capsys, trained, tiny_shapes):

@@ -189,7 +189,7 @@ def test_validation_and_the_checkpoints_use_the_average(in_project_copy, tiny_sh
         predicted = [model(data.preprocessing.normalize(image[None])).argmax().item() for image, _ in data.val_set]
     correct = [guess == label for guess, (_, label) in zip(predicted, data.val_set.samples, strict=True)]
     assert cli.trainer.callback_metrics["val/acc"].item() == pytest.approx(sum(correct) / len(correct), abs=1e-6)
-    # After fit the module holds the average too, as the last validation and export see it.
+    # After fit the module holds the average too, as the last validation{{ " and export see" if cookiecutter.inference == "yes" else " sees" }} it.
     assert all(torch.equal(value, saved["state_dict"][name]) for name, value in cli.model.state_dict().items())
 
 

@@ -43,7 +43,7 @@ def test_missing_gpus_fall_back_to_the_cpu_and_the_checkpoint_reloads(capsys, in
     assert "--trainer.accelerator=cpu" in here.split()
     make_env.print_next_steps(make_env.VENV_PYTHON, here)
     assert f"python -m {{ cookiecutter.package_name }} fit {here}\n" in capsys.readouterr().out
-    # Removed, so that the commands which take the newest run (classify, report) take a real one.
+    # Removed, so that the commands which take the newest run ({{ "classify, report" if cookiecutter.inference == "yes" else "report, evaluations" }}) take a real one.
     assert not list(in_project_copy.glob("runs/**/*.ckpt"))
     assert lines[-2:] == [f"Full log: {in_project_copy / 'runs/smoke-test/smoke.log'}", "smoke test passed"]
     log = (in_project_copy / "runs/smoke-test/smoke.log").read_text()

@@ -1,4 +1,4 @@
-"""timm backbones (the `timm` extra): built by name, trained, checkpointed, exported, sharded by block."""
+"""timm backbones (the `timm` extra): built by name, trained, checkpointed, {{ "exported, " if cookiecutter.inference == "yes" }}sharded by block."""
 
 import re
 import sys
@@ -21,7 +21,7 @@ from {{ cookiecutter.package_name }}.transforms import resolve_preprocessing
 SMALL = "timm/test_convnext.r160_in1k"
 
 
-def test_a_timm_backbone_trains_reloads_and_exports(monkeypatch, capsys, in_project_copy, tiny_shapes):
+def test_a_timm_backbone_trains_{{ "reloads_and_exports(monkeypatch, capsys," if cookiecutter.inference == "yes" else "and_reloads(monkeypatch," }} in_project_copy, tiny_shapes):
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "fit", *ON_CPU, *on_data(tiny_shapes),
                                       f"--model.backbone={SMALL}", "--data.image_size=32", "--trainer.max_epochs=1",
                                       "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"])  # fmt: skip
@@ -29,6 +29,7 @@ def test_a_timm_backbone_trains_reloads_and_exports(monkeypatch, capsys, in_proj
     (checkpoint,) = in_project_copy.glob("runs/*/*/checkpoints/last.ckpt")
     model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
     assert type(model.backbone).__module__.startswith("timm.models") and model.hparams.backbone == SMALL
+{%- if cookiecutter.inference == "yes" %}
     monkeypatch.setattr(sys, "argv", ["{{ cookiecutter.package_name }}", "export", str(checkpoint), "--format=onnx",
                                       f"--images={tiny_shapes / 'test'}"])  # fmt: skip
     with pytest.raises(SystemExit) as done:
@@ -36,6 +37,7 @@ def test_a_timm_backbone_trains_reloads_and_exports(monkeypatch, capsys, in_proj
     printed = capsys.readouterr().out
     assert done.value.code == 0, printed
     assert float(printed.split("Largest difference from PyTorch on 8 real images: ")[1].split()[0]) < 1e-4
+{%- endif %}
 
 
 def test_an_unknown_timm_name_gets_the_closest_ones(monkeypatch, capsys, in_project_copy, tiny_shapes):

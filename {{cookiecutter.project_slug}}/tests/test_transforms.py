@@ -1,9 +1,14 @@
 """transforms.py: each augmentation option in a real fit step, and the preprocessing that a checkpoint
-carries to validation, `classify` and `export`."""
+carries to validation{{ ", `classify` and `export`" if cookiecutter.inference == "yes" }}."""
+{%- if cookiecutter.inference == "yes" %}
 
 import json
 import sys
 from pathlib import Path
+{%- else %}
+
+import sys
+{%- endif %}
 
 import pytest
 import torch
@@ -15,7 +20,9 @@ from torchvision.transforms.v2 import functional as F
 from {{ cookiecutter.package_name }} import model as model_module
 from {{ cookiecutter.package_name }}.cli import DEFAULT_CONFIGS, ClassifierCLI, build, main
 from {{ cookiecutter.package_name }}.data import ImageDataModule
+{%- if cookiecutter.inference == "yes" %}
 from {{ cookiecutter.package_name }}.datasets.images import read_rgb
+{%- endif %}
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.transforms import Preprocessing, train_transform
@@ -129,11 +136,17 @@ def validate(tiny_shapes, checkpoint, *options: str) -> tuple[dict, Preprocessin
         args=["validate", *configs, *ON_CPU, *on_data(tiny_shapes), f"--ckpt_path={checkpoint}", *options],
     )  # fmt: skip
     return {name: float(value) for name, value in cli.trainer.callback_metrics.items()}, cli.datamodule.preprocessing
+{%- if cookiecutter.inference == "yes" %}
 
 
 def test_the_checkpoint_carries_its_preprocessing_to_validation_classify_and_export(
     monkeypatch, caplog, in_project_copy, tiny_shapes
 ):
+{%- else %}
+
+
+def test_the_checkpoint_carries_its_preprocessing_to_validation(monkeypatch, caplog, in_project_copy, tiny_shapes):
+{%- endif %}
     run(monkeypatch, "fit", *ON_CPU, *on_data(tiny_shapes), *CHANGED, "--trainer.max_epochs=1")
     (checkpoint,) = in_project_copy.glob("runs/*/*/checkpoints/last.ckpt")
     trained = Preprocessing(32, crop_ratio=0.75, interpolation="bicubic", mean=(0.5,) * 3, std=(0.25,) * 3)
@@ -144,6 +157,7 @@ def test_the_checkpoint_carries_its_preprocessing_to_validation_classify_and_exp
     from_checkpoint, used = validate(tiny_shapes, checkpoint)
     assert used == trained and "On the data the checkpoint was trained on: " in caplog.text
     assert from_checkpoint == as_configured
+{%- if cookiecutter.inference == "yes" %}
 
     # classify: by hand, resize the shorter side to round(32 / 0.75) = 43 px, crop 32, standardise.
     image_path = next((tiny_shapes / "test").rglob("*.png"))
@@ -166,3 +180,4 @@ def test_the_checkpoint_carries_its_preprocessing_to_validation_classify_and_exp
     metadata = {entry.key: entry.value for entry in onnx.load(str(checkpoint.with_suffix(".onnx"))).metadata_props}
     assert metadata["preprocessing"].startswith("resize the shorter side to 43 px (bicubic, antialiased), centre-crop")
     assert json.loads(metadata["normalisation"]) == {"mean": [0.5] * 3, "std": [0.25] * 3}
+{%- endif %}

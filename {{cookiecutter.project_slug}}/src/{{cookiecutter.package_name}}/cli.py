@@ -112,13 +112,17 @@ TOOLS = {
 {%- if cookiecutter.tuning == "yes" %}
     "benchmark": "benchmark",
 {%- endif %}
+{%- if cookiecutter.inference == "yes" %}
     "classify": "classify",
+{%- endif %}
     "consolidate": "consolidate",
 {%- if cookiecutter.experiments == "yes" %}
     "cv": "crossval",
 {%- endif %}
     "doctor": "doctor",
+{%- if cookiecutter.inference == "yes" %}
     "export": "export",
+{%- endif %}
 {%- if cookiecutter.experiments == "yes" %}
     "repeat": "crossval:repeat",
 {%- endif %}
@@ -627,12 +631,19 @@ class ClassifierCLI(LightningCLI):
         except TooFewClassesError as error:
             if self.subcommand != "predict":
                 raise
+{%- if cookiecutter.inference == "yes" %}
             # The data module reads class folders; images without labels are classify's business.
             raise DataError(
                 f"{error.folder} has no class folders, and predict runs a checkpoint over a dataset laid out in "
                 f"them (its test/ or validation images). For a folder of unlabelled images: "
                 f"python -m {PACKAGE} classify {error.folder} --checkpoint <file.ckpt>"
             ) from error
+{%- else %}
+            raise DataError(
+                f"{error.folder} has no class folders, and predict runs a checkpoint over a dataset laid out in "
+                "them (its test/ or validation images): put the images in one folder per class."
+            ) from error
+{%- endif %}
         except UserError:
             raise
         except ValueError as error:  # jsonargparse's, around what a logger's or callback's own check refused
@@ -736,8 +747,8 @@ def place_runs(trainer: Namespace, check: bool = True) -> None:
 
 
 def configured_runs() -> Path:
-    """Where `fit` puts its runs with the configs as they are: where classify, report{{ " and serve" if cookiecutter.serving == "yes" }} look for
-    the newest one, so that a save_dir or default_root_dir set in a config is theirs too."""
+    """Where `fit` puts its runs with the configs as they are: where {{ "classify, report and serve look" if cookiecutter.serving == "yes" else "classify and report look" if cookiecutter.inference == "yes" else "report looks" }} for
+    the newest one, so that a save_dir or default_root_dir set in a config holds for {{ "them" if cookiecutter.inference == "yes" else "it" }} too."""
     trainer = as_namespace(resolved_config([])["trainer"])
     place_runs(trainer, check=False)
     logger = first_logger(trainer)

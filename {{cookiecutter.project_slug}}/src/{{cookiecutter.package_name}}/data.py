@@ -36,7 +36,14 @@ from .hardware.sharding import shards_weights
 from .training import sigterm
 from .training.progress import ends_before
 from .training.resume import interrupts_an_epoch
-from .transforms import Augment, Interpolation, Preprocessing, resolve_preprocessing, train_transform
+from .transforms import (
+    Augment,
+    Interpolation,
+    Preprocessing,
+    ScheduledAugmentation,
+    resolve_preprocessing,
+    train_transform,
+)
 
 # Where data.synthetic draws the built-in shapes: data_dir's default. Elsewhere, a data_dir that
 # does not exist is a mistyped path, and training on drawn shapes instead would hide it.
@@ -242,7 +249,7 @@ class ImageDataModule(L.LightningDataModule):
             # A checkpoint is read after this, if at all: what a previous fit of this data module read is not ours.
             self._train_loader, self._epoch_position, self._resumed_epoch = None, None, None
             rank_zero_info(self.describe_splits())
-            if self.hparams.basic_augment_epochs and self._added_augmentation():
+            if isinstance(self._train_transform(), ScheduledAugmentation):  # train_transform's rule, not a copy
                 rank_zero_info(self._describe_augment_schedule())
             # Unsaid once a remedy it names is on: this module's balanced sampling, or the model's class weights.
             model = getattr(self.trainer, "lightning_module", None)
@@ -325,18 +332,13 @@ class ImageDataModule(L.LightningDataModule):
             options.basic_augment_epochs,
         )
 
-    def _added_augmentation(self) -> str:
-        """What the training augmentation adds to the basic one ("" when nothing)."""
+    def _describe_augment_schedule(self) -> str:
         options = self.hparams
         added = [options.augment] if options.augment not in ("none", "basic") else []
         added += [f"random erasing {options.random_erasing:g}"] if options.random_erasing > 0 else []
-        return " and ".join(added)
-
-    def _describe_augment_schedule(self) -> str:
-        options = self.hparams
         line = (
             f"Until epoch {options.basic_augment_epochs} the training images get the basic augmentation, then "
-            f"{self._added_augmentation()} too (data.basic_augment_epochs)"
+            f"{' and '.join(added)} too (data.basic_augment_epochs)"
         )
         return line + ends_before(self.trainer, options.basic_augment_epochs)
 
@@ -685,6 +687,7 @@ def saved_preprocessing(state: dict, image_size: int) -> Preprocessing:
     """The preprocessing in a checkpoint's data state; older checkpoints saved none, and were
     trained with the defaults at their image size."""
     return Preprocessing.from_dict(state.get("preprocessing") or {"image_size": image_size})
+{%- if cookiecutter.inference == "yes" %}
 
 
 def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
@@ -694,6 +697,7 @@ def checkpoint_preprocessing(checkpoint: dict) -> Preprocessing:
     # another one for a subclass ({{ "datasets/streaming.py's, or yours" if cookiecutter.streaming == "yes" else "yours" }}).
     states = [value for value in checkpoint.values() if isinstance(value, dict) and "preprocessing" in value]
     return saved_preprocessing(states[0] if states else {}, image_size)
+{%- endif %}
 
 
 # Each split's folder names, in any case, as datasets name them (Roboflow's valid/, Kaggle's

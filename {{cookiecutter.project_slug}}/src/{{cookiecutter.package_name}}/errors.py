@@ -42,7 +42,7 @@ class MissingError(UserError, FileNotFoundError):
 
 
 class CommandParser(argparse.ArgumentParser):
-    """The parser of a command outside LightningCLI (classify, export, ...), whose mistakes end as the
+    """The parser of a command outside LightningCLI (doctor, report, ...), whose mistakes end as the
     CLI's do: in one line, `error: <message>`, rather than argparse's usage and then the message."""
 
     def __init__(self, prog: str, **kwargs) -> None:

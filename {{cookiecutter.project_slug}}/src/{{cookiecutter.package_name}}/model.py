@@ -619,6 +619,7 @@ def check_same_architecture(saved: dict, model: L.LightningModule) -> None:
             f"The checkpoint's weights ({trained}) do not fit {model_now}: {len(misfits)} tensors differ, "
             f"{misfits[0]} first. Use {fix}."
         )
+{%- if cookiecutter.inference == "yes" %}
 
 
 def load_trained(checkpoint: str | Path, map_location: str | torch.device) -> ImageClassifier:
@@ -634,6 +635,7 @@ def load_trained(checkpoint: str | Path, map_location: str | torch.device) -> Im
             f"The weights in {checkpoint} do not fit the model this code builds from its options ({first}): the "
             "model's code changed since it was trained. Use the code it was trained with, or train anew."
         ) from None
+{%- endif %}
 
 
 def check_same_classes(trained: list[str] | None, given: list[str] | None) -> None:

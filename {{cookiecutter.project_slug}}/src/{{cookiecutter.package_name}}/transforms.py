@@ -1,5 +1,5 @@
 """What an image goes through before the model: the preprocessing a trained model expects (saved in
-its checkpoints, read back by evaluation, `classify` and `export`) and the training augmentation."""
+its checkpoints, read back by evaluation{{ ", `classify` and `export`" if cookiecutter.inference == "yes" }}) and the training augmentation."""
 
 from dataclasses import asdict, dataclass, fields
 from typing import Literal, get_args

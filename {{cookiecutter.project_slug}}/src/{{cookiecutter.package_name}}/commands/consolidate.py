@@ -25,7 +25,7 @@ def consolidate(folder: Path, output: Path) -> None:
         checkpoint = _load_distributed_checkpoint(folder)
         if "model" not in checkpoint:  # FSDP2 stores the weights as "state_dict", FSDP1 as "model"
             checkpoint["model"] = checkpoint.pop("state_dict")
-        with written_whole(output, "wb") as file:  # a half-written .ckpt would fail in export or classify
+        with written_whole(output, "wb") as file:  # a half-written .ckpt would fail where it is loaded
             torch.save(_format_checkpoint(checkpoint), file)
     elif (folder / "latest").is_file():  # DeepSpeed names its newest tag in `latest`
         convert_zero_checkpoint_to_fp32_state_dict(folder, output)

@@ -93,7 +93,7 @@ def fit_and_reload(options: list[str]) -> Path:
     reload = "import sys; from {{ cookiecutter.package_name }} import ImageClassifier; "
     reload += "print(ImageClassifier.load_from_checkpoint(sys.argv[1], map_location='cpu').hparams.class_names)"
     step("Reloading the checkpoint", [sys.executable, "-c", reload, str(checkpoint)])
-    # Commands that take the newest run's checkpoint (classify, report) must take the user's, not this.
+    # Commands that take the newest run's checkpoint ({{ "classify, report" if cookiecutter.inference == "yes" else "report, evaluations" }}) must take the user's, not this.
     shutil.rmtree(checkpoint.parent)
     return checkpoint
 

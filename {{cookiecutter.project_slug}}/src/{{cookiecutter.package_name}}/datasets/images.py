@@ -1,5 +1,5 @@
 """One image read from a file or its bytes: decoded upright in RGB, transformed and labelled, or
-skipped with a warning naming it; what the {{ "folder and streaming datasets" if cookiecutter.streaming == "yes" else "image folders" }}{{ ", classify and serve" if cookiecutter.serving == "yes" else " and classify" }} share."""
+skipped with a warning naming it: the one way images are read (image folders{{ ", streaming chunks" if cookiecutter.streaming == "yes" }}{{ ", classify" if cookiecutter.inference == "yes" }}{{ ", serve" if cookiecutter.serving == "yes" }})."""
 
 import contextlib
 import functools

@@ -1,4 +1,4 @@
-"""An exponential moving average (EMA) of the weights, validated, checkpointed and exported in their place."""
+"""An exponential moving average (EMA) of the weights, validated, checkpointed{{ " and exported" if cookiecutter.inference == "yes" }} in their place."""
 
 import lightning as L
 import torch
@@ -29,7 +29,7 @@ class WarmedUpEMA:
 class ModelEMA(WeightAveraging):
     """Lightning's weight averaging with an EMA of the weights and buffers (BatchNorm statistics),
     as the reference training recipes keep: validation runs on the average, and every
-    checkpoint's weights are the average (so `best`, `classify` and `export` use it), with the
+    checkpoint's weights are the average (so `best`{{ ", `classify` and `export` use" if cookiecutter.inference == "yes" else " uses" }} it), with the
     trained weights beside them for resuming, which restores both exactly.
 
     Args:

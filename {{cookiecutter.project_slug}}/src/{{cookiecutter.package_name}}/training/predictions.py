@@ -1,4 +1,4 @@
-"""Top classes as CSV rows, the one format of `classify` and of `predict` (PredictionsCSV)."""
+"""Top classes as CSV rows, {{ "the one format of `classify` and of `predict`" if cookiecutter.inference == "yes" else "what `predict` writes" }} (PredictionsCSV)."""
 
 import csv
 from pathlib import Path

@@ -1,6 +1,6 @@
-"""The runs under a folder: the one home of "the newest run", which resuming, the smoke test,
-{{ "report, classify and serve" if cookiecutter.serving == "yes" else "report and classify" }} all look up, of whether a run has finished, and of a run's
-best checkpoint, which {{ "classify and serve use" if cookiecutter.serving == "yes" else "classify uses" }} by default.
+"""The runs under a folder: the one home of "the newest run", which resuming, the smoke test{{ "," if cookiecutter.inference == "yes" }}
+{{ "report, classify and serve" if cookiecutter.serving == "yes" else "report and classify" if cookiecutter.inference == "yes" else "and report" }} all look up, of whether a run has finished, and of a run's
+best checkpoint, which {{ "classify and serve use" if cookiecutter.serving == "yes" else "classify uses" if cookiecutter.inference == "yes" else "evaluations use" }} by default.
 
 A run is a folder <root>/<name>/<version> whose checkpoints/ holds last.ckpt (a file, or a folder of
 shards); the newest is the one whose last.ckpt was written last. A run that ends (its epochs done,
