@@ -156,6 +156,16 @@ def test_images_in_a_folder_under_a_hidden_one_are_found(tiny_shapes, tmp_path):
     assert image_files([photos]) == sorted(photos.rglob("[!.]*/*.png"))
 
 
+def test_a_linked_folder_inside_one_given_is_named_and_can_be_given_itself(tiny_shapes, tmp_path):
+    photos, elsewhere = tmp_path / "photos", tmp_path / "elsewhere"
+    shutil.copytree(tiny_shapes / "test" / CLASSES[0], photos)
+    shutil.copytree(tiny_shapes / "test" / CLASSES[1], elsewhere)
+    (photos / "2024").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.warns(UserWarning, match=rf"^1 linked folder\(s\) under {photos} \(such as 2024\) are not followed"):
+        assert image_files([photos]) == sorted(photos.glob("*.png"))
+    assert image_files([photos / "2024"]) == sorted((photos / "2024").glob("*.png"))
+
+
 def test_a_folder_with_images_of_types_not_read_says_how_many(tiny_shapes, tmp_path):
     photos = tmp_path / "photos"
     shutil.copytree(tiny_shapes / "test" / CLASSES[0], photos)

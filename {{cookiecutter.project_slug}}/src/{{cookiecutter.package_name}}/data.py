@@ -885,7 +885,7 @@ def find_images(folder: Path, classes: list[str], held_out: bool = False) -> lis
     return samples
 
 
-def image_files_under(folder: Path, other_images: Counter | None = None, links: list | None = None) -> list[str]:
+def image_files_under(folder: Path, other_images: Counter, links: list) -> list[str]:
     """Image files under a folder, skipping hidden files and folders (.ipynb_checkpoints, macOS ._
     files). The folder itself or an image may be a link; a linked sub-folder is not followed, as a
     link to a parent would label the other classes' images with this class: such folders are added
@@ -894,15 +894,14 @@ def image_files_under(folder: Path, other_images: Counter | None = None, links: 
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if links is not None:
-            links += [path for d in dirs if os.path.islink(path := os.path.join(root, d))]
+        links += [path for d in dirs if os.path.islink(path := os.path.join(root, d))]
         for name in (f for f in files if not f.startswith(".")):
             if is_image_name(name):
                 found.append(os.path.join(root, name))
-            elif other_images is not None and not os.path.splitext(name)[1]:
+            elif not os.path.splitext(name)[1]:
                 if looks_like_an_image(os.path.join(root, name)):  # not a LICENSE or a macOS Icon file
                     other_images["with no extension"] += 1
-            elif other_images is not None and (mimetypes.guess_type(name)[0] or "").startswith("image/"):
+            elif (mimetypes.guess_type(name)[0] or "").startswith("image/"):
                 other_images[os.path.splitext(name)[1].lower()] += 1
     return found
 

@@ -1,12 +1,13 @@
 """`python -m {{ cookiecutter.package_name }} classify IMAGES...`: the top classes of images, as a CSV file.
 
-IMAGES are image files or folders (searched recursively). The model comes from --checkpoint (a
-checkpoint, or an ONNX file from `export`), by default the best checkpoint of the newest run under
-runs/. Runs on the CPU unless --device says otherwise. Unreadable images are skipped with a warning
-naming them.
+IMAGES are image files or folders (searched recursively; a linked sub-folder is named in a warning,
+not followed). The model comes from --checkpoint (a checkpoint, or an ONNX file from `export`), by
+default the best checkpoint of the newest run under runs/. Runs on the CPU unless --device says
+otherwise. Unreadable images are skipped with a warning naming them.
 """
 
 import csv
+import os
 import sys
 import warnings
 from collections import Counter
@@ -28,10 +29,14 @@ def image_files(inputs: list[Path]) -> list[Path]:
     found = []
     for given in inputs:
         if given.is_dir():  # the same walk as the training data's: hidden files and folders skipped
-            other_images = Counter()
-            images = sorted(Path(path) for path in image_files_under(given, other_images))
+            other_images, links = Counter(), []
+            images = sorted(Path(path) for path in image_files_under(given, other_images, links))
             if warning := other_images_warning(other_images, given):
                 warnings.warn(warning, stacklevel=1)
+            if links:  # a link to a parent folder would be walked for ever
+                such = os.path.relpath(links[0], given)
+                warnings.warn(f"{len(links)} linked folder(s) under {given} (such as {such}) are not followed: give "
+                              "each as an argument of its own.", stacklevel=1)  # fmt: skip
             if not images:
                 raise MissingError(f"No images ({', '.join(IMAGE_SUFFIXES)}) in {given} or its folders.")
             found += images
