@@ -633,17 +633,16 @@ class ClassifierCLI(LightningCLI):
                 raise
 {%- if cookiecutter.inference == "yes" %}
             # The data module reads class folders; images without labels are classify's business.
+{%- endif %}
             raise DataError(
                 f"{error.folder} has no class folders, and predict runs a checkpoint over a dataset laid out in "
+{%- if cookiecutter.inference == "yes" %}
                 f"them (its test/ or validation images). For a folder of unlabelled images: "
                 f"python -m {PACKAGE} classify {error.folder} --checkpoint <file.ckpt>"
-            ) from error
 {%- else %}
-            raise DataError(
-                f"{error.folder} has no class folders, and predict runs a checkpoint over a dataset laid out in "
                 "them (its test/ or validation images): put the images in one folder per class."
-            ) from error
 {%- endif %}
+            ) from error
         except UserError:
             raise
         except ValueError as error:  # jsonargparse's, around what a logger's or callback's own check refused

@@ -371,20 +371,11 @@ def run_of(ckpt_path: str | None, logger: Namespace | None) -> str | None:
     checkpoints = Path(ckpt_path).resolve().parent
     in_a_run = checkpoints.name == "checkpoints" and checkpoints.parent.parent == run_root(logger).resolve()
     return checkpoints.parent.name if in_a_run else None
-{%- if cookiecutter.inference == "yes" %}
 
 
-def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path", takes_onnx: bool = False) -> None:
+def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path"{{ ", takes_onnx: bool = False" if cookiecutter.inference == "yes" }}) -> None:
     """Refuse a --ckpt_path that is no checkpoint, before anything reads it: torch.load would fail
-    with an error that names neither (`KeyError: 101`, `Unsupported operand 35`). `takes_onnx`: the
-    command also takes an .onnx export (checked where it is read)."""
-{%- else %}
-
-
-def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path") -> None:
-    """Refuse a --ckpt_path that is no checkpoint, before anything reads it: torch.load would fail
-    with an error that names neither (`KeyError: 101`, `Unsupported operand 35`)."""
-{%- endif %}
+    with an error that names neither (`KeyError: 101`, `Unsupported operand 35`).{{ " `takes_onnx`: the\n    command also takes an .onnx export (checked where it is read)." if cookiecutter.inference == "yes" }}"""
     words = (*RESUME_WORDS, *LIGHTNING_WORDS)
     if ckpt_path is None or ckpt_path in words or str(ckpt_path).startswith("registry:") or is_remote(ckpt_path):
         return  # Lightning's words, and remote files (s3://...) that Lightning reads through fsspec
