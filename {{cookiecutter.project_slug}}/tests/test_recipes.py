@@ -139,6 +139,12 @@ def test_a_run_that_ends_before_the_policy_and_mixing_start_says_so(in_project_c
     assert "(data.basic_augment_epochs); this run ends before, at epoch 0." in caplog.text
     assert "(model.unmixed_epochs); this run ends before, at epoch 0." in caplog.text
     caplog.clear()
+    # 9 steps an epoch (72 images in batches of 8): max_steps ends this run in epoch 1, max_epochs later.
+    fitted(tiny_shapes, "--trainer.max_epochs=5", "--trainer.max_steps=10", *STRONG,
+           "--data.basic_augment_epochs=3", "--model.unmixed_epochs=2")  # fmt: skip
+    assert "(data.basic_augment_epochs); this run ends before, at epoch 1." in caplog.text
+    assert "(model.unmixed_epochs); this run ends before, at epoch 1." in caplog.text
+    caplog.clear()
     fitted(tiny_shapes, "--trainer.fast_dev_run=1", "--data.basic_augment_epochs=3", "--model.unmixed_epochs=3")
     assert "Until epoch" not in caplog.text, "nothing waits for them: the recipe's delays with its policy turned off"
 
@@ -155,7 +161,7 @@ STOP_AFTER_FIRST_EPOCH = json.dumps({"class_path": "helper_callbacks.StopAfterEp
 
 
 @pytest.mark.parametrize("dataset", ["tiny_shapes"{{ ', "shards"' if cookiecutter.streaming == "yes" }}])
-def test_resuming_with_ema_and_mixing_gives_the_uninterrupted_runs_weights(in_project_copy, request, dataset):
+def test_resuming_with_ema_and_mixing_gives_the_uninterrupted_runs_weights(in_project_copy, request, caplog, dataset):
     # Resumed between epochs (test_exact_resume.py resumes mid-epoch), with a backbone with dropout,
     # into the epoch where the policy and mixing start.
     images = request.getfixturevalue(dataset)
@@ -166,7 +172,9 @@ def test_resuming_with_ema_and_mixing_gives_the_uninterrupted_runs_weights(in_pr
     fitted(images, *options, *logged_to("parts"), f"--trainer.callbacks+={STOP_AFTER_FIRST_EPOCH}")
     (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
     assert torch.load(interrupted, weights_only=True)["epoch"] == 0
+    caplog.clear()
     resumed = fitted(images, *options, *logged_to("parts"), ckpt_path=str(interrupted))
+    assert "Until epoch" not in caplog.text, "the resumed run starts where the policy and mixing do"
     assert resumed.trainer.global_step == whole.trainer.global_step == 18  # 72 images in batches of 8, 2 epochs
     one, other = last_checkpoint("whole"), last_checkpoint("parts")
     for key in ("state_dict", "current_model_state", "averaging_state"):

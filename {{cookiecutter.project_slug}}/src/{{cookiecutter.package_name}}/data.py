@@ -249,8 +249,6 @@ class ImageDataModule(L.LightningDataModule):
             # A checkpoint is read after this, if at all: what a previous fit of this data module read is not ours.
             self._train_loader, self._epoch_position, self._resumed_epoch = None, None, None
             rank_zero_info(self.describe_splits())
-            if isinstance(self._train_transform(), ScheduledAugmentation):  # train_transform's rule, not a copy
-                rank_zero_info(self._describe_augment_schedule())
             # Unsaid once a remedy it names is on: this module's balanced sampling, or the model's class weights.
             model = getattr(self.trainer, "lightning_module", None)
             weighted = model is not None and model.hparams.get("class_weights") == "balanced"
@@ -332,8 +330,14 @@ class ImageDataModule(L.LightningDataModule):
             options.basic_augment_epochs,
         )
 
-    def _describe_augment_schedule(self) -> str:
+    def augment_schedule(self, first_epoch: int) -> str | None:
+        """When the policy joins the basic augmentation, said to a fit that trains from `first_epoch`
+        on; None where nothing waits (no schedule, or a resumed run past its start)."""
         options = self.hparams
+        if first_epoch >= options.basic_augment_epochs:
+            return None
+        if not isinstance(self._train_transform(), ScheduledAugmentation):  # train_transform's rule, not a copy
+            return None
         added = [options.augment] if options.augment not in ("none", "basic") else []
         added += [f"random erasing {options.random_erasing:g}"] if options.random_erasing > 0 else []
         line = (

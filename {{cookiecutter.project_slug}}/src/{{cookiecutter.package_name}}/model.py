@@ -436,9 +436,6 @@ class ImageClassifier(L.LightningModule):
                 "Mixup/CutMix on: train/loss is the loss on the blended images; the train/ accuracy metrics are off "
                 "(a blended image has no one label) and val/ metrics are on whole images."
             )
-            if unmixed := self.hparams.unmixed_epochs:
-                line = f"Until epoch {unmixed} the model trains on whole images, then on Mixup/CutMix blends"
-                rank_zero_info(f"{line} (model.unmixed_epochs){ends_before(self.trainer, unmixed)}")
 
     def check_run(self, callbacks: list, datamodule, max_epochs: int | None = None) -> None:
         """Refuse what would fail only later: a monitored metric that is never logged (after the first
@@ -504,6 +501,18 @@ class ImageClassifier(L.LightningModule):
             self.say_restored_lr()
             if (folder := self._checkpoint_folder()) is not None:
                 forget_rows_from(folder.parent / "metrics.csv", self.trainer.global_step)
+        self.say_schedules()
+
+    def say_schedules(self) -> None:
+        """When the augmentation policy and the mixing start, said as training starts: a resumed run
+        knows its epoch only then, and one past their start says nothing of them."""
+        epoch, unmixed = self.current_epoch, self.hparams.unmixed_epochs
+        augment_schedule = getattr(self.trainer.datamodule, "augment_schedule", None)
+        if augment_schedule is not None and (line := augment_schedule(epoch)):
+            rank_zero_info(line)
+        if self.batch_mixing.enabled and epoch < unmixed:
+            line = f"Until epoch {unmixed} the model trains on whole images, then on Mixup/CutMix blends"
+            rank_zero_info(f"{line} (model.unmixed_epochs){ends_before(self.trainer, unmixed)}")
 
     def _train_epoch_metrics(self) -> dict:
         return {"loss": self.train_loss, **self.train_metrics}

@@ -12,11 +12,22 @@ from lightning.pytorch.callbacks import ProgressBar
 FIRST_LINE_STEPS = 10
 
 
-def ends_before(trainer: L.Trainer | None, epoch: int) -> str:
+def ends_before(trainer: L.Trainer, epoch: int) -> str:
     """The end of a line saying what starts at `epoch`: "; this run ends before, at epoch N." where
-    its epochs end before that one, else "."."""
-    max_epochs = trainer.max_epochs if trainer is not None else None
-    return f"; this run ends before, at epoch {max_epochs - 1}." if max_epochs and 0 < max_epochs <= epoch else "."
+    the fit's limits end it before that one, else "."."""
+    last = last_epoch(trainer)
+    return f"; this run ends before, at epoch {last}." if last is not None and last < epoch else "."
+
+
+def last_epoch(trainer: L.Trainer) -> int | None:
+    """The last epoch a fit reaches by its limits, max_epochs or max_steps, whichever comes first (its
+    training data loaded); None where neither ends it."""
+    steps, batches = trainer.estimated_stepping_batches, trainer.num_training_batches
+    if math.isinf(steps) or not batches:
+        return None
+    if math.isinf(batches):  # data of unknown length: only max_epochs counts epochs
+        return trainer.max_epochs - 1 if trainer.max_epochs and trainer.max_epochs > 0 else None
+    return math.ceil(steps / math.ceil(batches / trainer.accumulate_grad_batches)) - 1
 
 
 class LogLines(ProgressBar):
