@@ -60,6 +60,9 @@ SMALLEST_SIDE = {"inception_v3": 75, "alexnet": 63, "convnext_": 32, "vgg": 32, 
 # answer rather than a menu: cookiecutter refuses a value outside a menu with a traceback of its own.
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12", "3.13")
 
+# A capability that works through another, and why: the template tests read this too.
+NEEDS = {"serving": ("inference", "serve loads the model through classify's Predictor")}
+
 # cookiecutter.json's stand-in slug for a project_name that slugifies to nothing: an empty slug would
 # make the output folder itself the project and fail with "directory already exists".
 NO_SLUG = "-"
@@ -169,9 +172,9 @@ def problems(answers: dict[str, str]) -> list[str]:
             f"python_version {answers['python_version']!r} is not one the project's dependencies (torch, lightning) "
             f"support: use one of {', '.join(PYTHON_VERSIONS)} (e.g. python_version=3.11)."
         )
-    if answers["serving"] == "yes" and answers["inference"] != "yes":  # serve loads its model as classify does
-        found.append("serving is yes and inference is no, but serve loads the model through classify's Predictor: "
-                     "answer inference=yes, or serving=no.")  # fmt: skip
+    for capability, (needed, why) in NEEDS.items():
+        if answers[capability] == "yes" and answers[needed] != "yes":
+            found.append(f"{capability} is yes and {needed} is no, but {why}: answer {needed}=yes, or {capability}=no.")
     backbone = answers["backbone"]
     if backbone.startswith("timm/"):
         if answers["timm"] != "yes":

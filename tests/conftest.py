@@ -34,12 +34,12 @@ TEMPLATE_DEFAULTS = {
 }
 
 
-def _hook_files_of() -> dict:
-    """The post-generation hook's table of each feature's files (a literal in a rendered script)."""
-    tree = ast.parse((TEMPLATE / "hooks" / "post_gen_project.py").read_text())
+def hook_constant(name: str, hook: str = "pre_gen_project"):
+    """A literal a hook assigns to `name` (the hooks are rendered scripts: read, not imported)."""
+    tree = ast.parse((TEMPLATE / "hooks" / f"{hook}.py").read_text())
     assignments = [node for node in tree.body if isinstance(node, ast.Assign)]
-    (table,) = [node.value for node in assignments if ast.unparse(node.targets[0]) == "FILES_OF"]
-    return ast.literal_eval(table)
+    (value,) = [node.value for node in assignments if ast.unparse(node.targets[0]) == name]
+    return ast.literal_eval(value)
 
 
 PACKAGE_SOURCE = TEMPLATE / "{{cookiecutter.project_slug}}" / "src" / "{{cookiecutter.package_name}}"
@@ -54,11 +54,13 @@ def module_path(name: str) -> str:
 # What each capability adds to a project when its answer is yes: the hook's table.
 CAPABILITY_FILES = {
     question: [module_path(name) for name in modules] + [f"tests/{name}.py" for name in tests] + others
-    for (question, keeping_answer), (modules, tests, others) in _hook_files_of().items()
+    for (question, keeping_answer), (modules, tests, others) in hook_constant("FILES_OF", "post_gen_project").items()
     if keeping_answer == "yes"
 }
 # The answers of the full render, every capability on.
 EVERY_CAPABILITY = dict.fromkeys(CAPABILITY_FILES, "yes")
+# A capability that works through another: {capability: (the one it needs, why)}; refused without it.
+CAPABILITY_NEEDS = hook_constant("NEEDS")
 # The marks of a capability that must not be left when its answer is no: a command, an import, a docs
 # page, a config, an extra.
 CAPABILITY_MARKS = {
@@ -141,6 +143,13 @@ def is_valid(answers: dict[str, str]) -> bool:
     return not hardware_rules.problems(hardware_rules.from_answers(answers))
 
 
+def needs_met(answers: dict[str, str]) -> bool:
+    """No capability on without the one it needs (the pre-generation hook refuses that)."""
+    return all(
+        answers[needed] == "yes" for capability, (needed, _) in CAPABILITY_NEEDS.items() if answers[capability] == "yes"
+    )
+
+
 def yes_no(letters: str) -> list[str]:
     return ["yes" if letter == "y" else "no" for letter in letters]
 
@@ -166,7 +175,7 @@ def answer_matrix() -> list[dict[str, str]]:
         "project_name": ["Image Classifier", "Défect Spotter 2", "x", "X-Ray_Triage.v2 of Chest Films"],
         "devices": ["1", "2", "auto", "8"],
         # Periods of 2, 7, 11, 13, 17 and 19, prime to each other, to the loggers' run of 3 and the backbones'
-        # of 5, inference's overridden where serving is on (serving needs it): every valid combination of the
+        # of 5, a needed capability's overridden where one that needs it is on: every valid combination of the
         # capabilities occurs, each on and off with every logger and backbone (test_render.py checks it).
         "serving": yes_no("yn"),
         "inference": yes_no("nnnnnyynynynyynyyyn"),
@@ -182,8 +191,9 @@ def answer_matrix() -> list[dict[str, str]]:
             combo["devices"] = "1"
         elif not is_valid(combo):  # DDP or FSDP2 on the CPU with devices auto: one process
             combo["devices"] = "2"
-        if combo["serving"] == "yes":
-            combo["inference"] = "yes"  # serve loads its model through inference's Predictor
+        for capability, (needed, _) in CAPABILITY_NEEDS.items():
+            if combo[capability] == "yes":
+                combo[needed] = "yes"
         if combo["backbone"] == "vit_b_16":
             combo["image_size"] = "224"  # the one side a ViT takes (the hook refuses another)
     return combos

@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CAPABILITY_FILES, EVERY_CAPABILITY, python_with_test_packages, render, run_bounded
+from conftest import (
+    CAPABILITY_FILES,
+    CAPABILITY_NEEDS,
+    EVERY_CAPABILITY,
+    python_with_test_packages,
+    render,
+    run_bounded,
+)
 
 NON_DEFAULT = {
     "project_name": "Défect Spotter",
@@ -66,8 +73,10 @@ def test_non_default_project_passes_its_own_tests(tmp_path):
 def test_a_project_without_one_capability_documents_only_what_it_holds(tmp_path, left_out):
     # The others on: every command, option, link and file its docs name is checked against this render
     # (the full and the all-off renders run their whole suites above; test_render lints every mix).
-    # serve needs inference: without it, serving goes too (the pre-generation hook refuses the mix).
-    left = {left_out: "no"} | ({"serving": "no"} if left_out == "inference" else {})
+    # What needs the one left out goes with it (serving without inference: the hook refuses the mix).
+    left = {left_out: "no"} | {
+        capability: "no" for capability, (needed, _) in CAPABILITY_NEEDS.items() if needed == left_out
+    }
     run_project_tests(render(tmp_path, logger="csv", **(EVERY_CAPABILITY | left)), "tests/test_docs.py")
 
 

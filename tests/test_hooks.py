@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import QUIET, TEMPLATE, is_valid, run_bounded, tomllib
+from conftest import CAPABILITY_NEEDS, QUIET, TEMPLATE, hook_constant, is_valid, run_bounded, tomllib
 
 
 def run_cookiecutter(output_dir, env=None, **answers: str) -> subprocess.CompletedProcess:
@@ -30,7 +30,10 @@ REFUSED = [
     ({"backbone": "not_a_model"}, "backbone 'not_a_model' is not a torchvision classification model"),
     ({"backbone": "timm/not_a_model.x"}, "backbone 'timm/not_a_model.x' is not a timm model"),
     ({"backbone": "timm/resnet18", "timm": "no"}, "is a timm model, and timm is no: answer timm=yes"),
-    ({"serving": "yes", "inference": "no"}, "serving is yes and inference is no, but serve loads the model through "),
+    *[
+        ({capability: "yes", needed: "no"}, f"{capability} is yes and {needed} is no, but {why}: answer {needed}=yes")
+        for capability, (needed, why) in CAPABILITY_NEEDS.items()
+    ],
     ({"python_version": "2.7"}, "python_version '2.7' is not one the project's dependencies (torch, lightning)"),
     ({"python_version": "3.9"}, "use one of 3.10, 3.11, 3.12, 3.13 (e.g. python_version=3.11)"),
     ({"image_size": "big"}, "image_size 'big'"),
@@ -104,15 +107,6 @@ def test_good_answers_render(tmp_path):
     result = run_cookiecutter(tmp_path, project_name="Leaf Disease", accelerator="gpu", devices="8", strategy="ddp")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "leaf-disease/src/leaf_disease/cli.py").is_file()
-
-
-def hook_constant(name: str):
-    tree = ast.parse((TEMPLATE / "hooks/pre_gen_project.py").read_text())
-    return next(
-        ast.literal_eval(node.value)
-        for node in tree.body
-        if isinstance(node, ast.Assign) and node.targets[0].id == name
-    )
 
 
 def test_the_hooks_backbone_list_is_torchvisions():

@@ -18,6 +18,7 @@ from conftest import (
     TEMPLATE_DEFAULTS,
     answer_matrix,
     hardware_rules,
+    needs_met,
     render,
     run_bounded,
     tomllib,
@@ -204,7 +205,7 @@ def test_matrix_covers_every_valid_mix():
     every_mix = {
         mix
         for mix in itertools.product(["yes", "no"], repeat=len(capabilities))
-        if not (mix[capabilities.index("serving")] == "yes" and mix[capabilities.index("inference")] == "no")
+        if needs_met(dict(zip(capabilities, mix, strict=True)))
     }
     assert {tuple(combo[name] for name in capabilities) for combo in MATRIX} == every_mix
 
