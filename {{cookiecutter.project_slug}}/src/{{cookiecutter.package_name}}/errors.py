@@ -51,11 +51,14 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} ({self.prog} --help lists the arguments)")
 
+{%- if cookiecutter.inference == "yes" or cookiecutter.tuning == "yes" or cookiecutter.experiments == "yes" %}
+
     def check_at_least(self, options: argparse.Namespace, least: dict[str, int]) -> None:
         """Refuse a count below its least, such as --steps 0, which would time or search nothing."""
         for name, minimum in least.items():
             if (value := getattr(options, name.lstrip("-").replace("-", "_"))) < minimum:
                 self.error(f"{name} must be {minimum} or more, got {value}")
+{%- endif %}
 
     def parse_known_args(self, args=None, namespace=None):
         """This command's options, and the rest, for `fit` (of the commands that train runs); a misspelling

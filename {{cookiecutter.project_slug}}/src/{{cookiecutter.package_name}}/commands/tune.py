@@ -190,7 +190,8 @@ def main(args: list[str]) -> int:
     parser.add_argument("--max-trials", type=int, default=8, help="batch_size: doublings to try at most (%(default)s)")
     options, cli_args = parser.parse_known_args(args)
     parser.check_at_least(options, {"--steps": MIN_RANGE_STEPS, "--epochs": 1, "--max-trials": 1})
-    # Nothing to keep from a tuning run: no logger, checkpoints or callbacks.
+    # Nothing to keep from a tuning run: no logger, checkpoints or callbacks. Unlike benchmark's, its steps
+    # train as a fit's first epochs do, before a recipe's delayed policy and mixing: where the rate peaks.
     cli_args += ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]"]
     cli = build(cli_args)
     if options.what == "lr":
