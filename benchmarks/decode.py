@@ -97,10 +97,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="decode-") as tmp:
         sys.path.insert(0, str(render_project(Path(tmp))))
         from image_classifier import data, transforms
-        from image_classifier.datasets import images, shapes
+        from image_classifier.datasets import folders, images, shapes
 
         root = shapes.draw_shapes_dataset(Path(tmp) / "shapes", images_per_class={"train": args.images_per_class})
-        pngs = data.find_images(root / "train", data.find_classes(root / "train"))
+        pngs = folders.find_images(root / "train", folders.find_classes(root / "train"))
         datasets = {"PNG 64 px": (pngs, 64), "JPEG 256 px q90": (jpeg_copies(pngs, Path(tmp) / "jpeg", 256), 224)}
         # The default recipe's training augmentation, as ImageDataModule's defaults give it.
         defaults = inspect.signature(data.ImageDataModule).parameters

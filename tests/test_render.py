@@ -38,7 +38,7 @@ MODULES = [
     "model",
     "transforms",
     *(f"commands/{name}" for name in ["__init__", "consolidate", "curves", "doctor", "smoke_test"]),
-    *(f"datasets/{name}" for name in ["__init__", "images", "sampling", "shapes"]),
+    *(f"datasets/{name}" for name in ["__init__", "folders", "images", "sampling", "shapes"]),
     *(f"hardware/{name}" for name in ["__init__", "checks", "network", "rules", "sharding"]),
     *(f"training/{name}" for name in ["__init__", "batch_mixing", "callbacks", "checkpoint_io", "csv_logging", "ema"]),
     *(f"training/{name}" for name in ["metrics", "progress", "quiet", "random_state", "reports", "resume"]),

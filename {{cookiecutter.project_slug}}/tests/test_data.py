@@ -21,8 +21,10 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package_name }} import data as data_module
-from {{ cookiecutter.package_name }}.data import ImageDataModule, auto_workers, stratified_split
+from {{ cookiecutter.package_name }}.data import ImageDataModule, auto_workers
+from {{ cookiecutter.package_name }}.datasets import folders
 from {{ cookiecutter.package_name }}.datasets import images as images_module
+from {{ cookiecutter.package_name }}.datasets.folders import stratified_split
 from {{ cookiecutter.package_name }}.datasets.images import read_rgb
 from {{ cookiecutter.package_name }}.datasets.shapes import CLASSES
 from {{ cookiecutter.package_name }}.errors import DataError
@@ -291,7 +293,7 @@ def test_a_linked_folder_inside_a_class_folder_is_not_followed_and_said_so(tmp_p
     (tmp_path / "data" / "cat" / "extra").symlink_to(tmp_path / "more" / "cats")
     with pytest.warns(UserWarning, match=r"^1 linked folder\(s\) in the class folders of .+ \(such as cat/extra\) "
                       "are not followed, as a link to a parent would give"):  # fmt: skip
-        samples = data_module.find_images(tmp_path / "data", ["cat", "dog"])
+        samples = folders.find_images(tmp_path / "data", ["cat", "dog"])
     assert len(samples) == 4
 
 
@@ -303,7 +305,7 @@ def test_class_folders_named_in_another_unicode_form_are_the_same_classes(tmp_pa
     data.setup("fit")
     assert data.class_names == ["caf\u00e9", "d\u00e9j\u00e0"]
     assert sorted(label for _, label in data.val_set.samples) == [0, 1]
-    assert data_module.find_classes(tmp_path / "val") == data.class_names
+    assert folders.find_classes(tmp_path / "val") == data.class_names
 
 
 def test_an_evaluation_with_a_val_folder_reads_nothing_of_the_training_images(tmp_path):

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import ON_CPU, on_data, refusal
 
-from {{ cookiecutter.package_name }} import data as data_module
-from {{ cookiecutter.package_name }}.data import ImageDataModule, stratified_folds
+from {{ cookiecutter.package_name }}.data import ImageDataModule
+from {{ cookiecutter.package_name }}.datasets import folders
+from {{ cookiecutter.package_name }}.datasets.folders import stratified_folds
 
 
 def test_stratified_folds_are_disjoint_cover_every_image_and_split_each_class_evenly():
@@ -44,13 +45,13 @@ def test_each_fold_validates_on_its_share_and_trains_on_the_rest(tiny_shapes):
 def test_a_fold_lists_the_training_images_once(monkeypatch, tiny_shapes):
     # Checked at construction (too many folds) and split at setup: one walk of the folder serves both.
     walked = []
-    walk = data_module.image_files_under
+    walk = folders.image_files_under
 
     def walked_once(folder, *more):
         walked.append(Path(folder))
         return walk(folder, *more)
 
-    monkeypatch.setattr(data_module, "image_files_under", walked_once)
+    monkeypatch.setattr(folders, "image_files_under", walked_once)
     data = ImageDataModule(tiny_shapes, num_folds=3, fold=1, num_workers=0)
     data.setup("fit")
     in_train = sorted(folder for folder in walked if folder.parent == tiny_shapes / "train")
@@ -96,7 +97,7 @@ def test_folds_over_a_class_of_one_image_are_refused_with_a_fix_that_exists(tiny
     shutil.copytree(tiny_shapes / "train", tmp_path / "train")
     for extra in sorted((tmp_path / "train" / "circle").iterdir())[1:]:
         extra.unlink()
-    with pytest.raises(data_module.DataError) as refused:
-        data_module.fold_pool(tmp_path, 3)
+    with pytest.raises(folders.DataError) as refused:
+        folders.fold_pool(tmp_path, 3)
     assert str(refused.value).endswith("fewer than the 3 folds: some folds would validate on none of them. Add images "
                                        "of it, or remove it.")  # fmt: skip

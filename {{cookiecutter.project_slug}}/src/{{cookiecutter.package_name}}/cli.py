@@ -35,7 +35,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from .data import ImageDataModule, TooFewClassesError
+from .data import ImageDataModule
+from .datasets.folders import TooFewClassesError
 from .errors import (
     PACKAGE,
     ConfigError,

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..cli import configured_runs
-from ..data import image_files_under, other_images_warning
+from ..datasets.folders import image_files_under, other_images_warning
 from ..datasets.images import IMAGE_SUFFIXES, labelled_image
 from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError
 from ..training.predictions import csv_header, csv_row, top_classes

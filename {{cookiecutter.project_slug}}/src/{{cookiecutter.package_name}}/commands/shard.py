@@ -14,7 +14,8 @@ import re
 import time
 from pathlib import Path
 
-from ..data import ImageDataModule, find_classes, split_samples, train_folder, usable_cpus
+from ..data import ImageDataModule, usable_cpus
+from ..datasets.folders import find_classes, split_samples, train_folder
 from ..datasets.streaming import check_storage, delete_manifest, join, write_manifest, write_split
 from ..errors import PACKAGE, CommandParser, ConfigError, MissingError
 from ..hardware.network import is_remote

@@ -16,6 +16,14 @@ from PIL import Image, ImageDraw
 CLASSES = ("circle", "cross", "hexagon", "square", "star", "triangle")
 IMAGES_PER_CLASS = {"train": 400, "val": 100, "test": 100}
 
+# Where data.synthetic draws the built-in shapes: data_dir's default. Elsewhere, a data_dir that
+# does not exist is a mistyped path, and training on drawn shapes instead would hide it.
+BUILT_IN_SHAPES = "data/shapes"
+
+
+def is_built_in(data_dir: str | Path) -> bool:
+    return Path(data_dir).resolve() == Path(BUILT_IN_SHAPES).resolve()
+
 
 def draw_shapes_dataset(
     root: str | os.PathLike,
