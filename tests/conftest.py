@@ -71,7 +71,7 @@ CAPABILITY_MARKS = {
     "experiments": r"optuna|\[sweep\]|,sweep\b|`sweep|`cv`|`repeat`|\"(sweep|cv|repeat)\"|crossval|search_space|"
     r"experiment_runs|experiments\.md|sweep\.(yaml|sbatch)|sweeps/|^cv/|{package} (sweep|cv|repeat)\b|gpus-per-trial",
     "timm": r"timm|[Hh]ugging ?[Ff]ace|HF_HOME|pretrained_cfg|drop_path",
-    "streaming": r"litdata|LitData|streaming|`shard\b|\"shard\"|{package} shard\b|moto|data\.format",
+    "streaming": r"litdata|LitData|streaming|streamed\b|`shard\b|\"shard\"|{package} shard\b|moto|data\.format",
     "tuning": r"`(tune|benchmark)\b|\"(tune|benchmark)\"|{package} (tune|benchmark)\b|\.(tune|benchmark) import|"
     r"tuning\.md|lr_find|make benchmark|resume benchmark|weights_only. was not set",
 }
