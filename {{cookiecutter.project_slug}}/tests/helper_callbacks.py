@@ -9,6 +9,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from torch.utils.data import DataLoader
 
 
 class PauseAt(L.Callback):
@@ -180,6 +181,21 @@ class SigtermOnCreation(L.Callback):
 
     def __init__(self) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SigtermAsTheTrainingDataLoads(L.Callback):
+    """Send this process a SIGTERM as the fit starts iterating its first loader (the training one, whose
+    data workers then start), before Lightning's handlers are in place: a preemption while data loads."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        start = DataLoader.__iter__
+
+        def started(loader: DataLoader):
+            DataLoader.__iter__ = start
+            os.kill(os.getpid(), signal.SIGTERM)
+            return start(loader)
+
+        DataLoader.__iter__ = started
 
 
 class CrashAt(L.Callback):

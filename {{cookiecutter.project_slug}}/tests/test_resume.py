@@ -794,9 +794,13 @@ def test_a_sigterm_before_the_first_step_stops_the_run_after_it(monkeypatch, in_
     assert saved_step(run / "checkpoints" / "last.ckpt") == 1
 
 
-def test_a_sigterm_before_training_ends_the_command_in_one_line_and_lets_go_of_the_run(in_project_copy, tiny_shapes):
-    # Before Lightning's handlers are in place (parsing, building, the logger's start): nothing to save.
-    now = json.dumps({"class_path": "helper_callbacks.SigtermOnCreation"})
+@pytest.mark.parametrize("when", ["SigtermOnCreation", "SigtermAsTheTrainingDataLoads"])
+def test_a_sigterm_before_training_ends_the_command_in_one_line_and_lets_go_of_the_run(
+    in_project_copy, tiny_shapes, when
+):
+    # Before Lightning's handlers are in place (parsing, building, the logger's start, the data workers'):
+    # nothing to save. Lightning's teardown then fails on a loader it began to iterate, hiding the stop.
+    now = json.dumps({"class_path": f"helper_callbacks.{when}"})
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *TRAINER, *data(tiny_shapes),
                f"--trainer.callbacks+={now}"]  # fmt: skip
     done = subprocess.run(command, cwd=in_project_copy, env=command_env(), capture_output=True, text=True, timeout=300)

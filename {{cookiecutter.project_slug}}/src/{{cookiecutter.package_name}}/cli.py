@@ -812,12 +812,28 @@ def stop_outside_training(signum: int, frame) -> None:
         raise StoppedOutsideTraining(128 + signum)
 
 
+@contextlib.contextmanager
+def stop_unhidden():
+    """A SIGTERM's stop, where an error raised while handling it took its place: Lightning's teardown
+    of a fit stopped as its data workers started fails in turn, on the loader it began to iterate."""
+    try:
+        yield
+    except Exception as error:
+        stop = error.__context__
+        while stop is not None and not isinstance(stop, StoppedOutsideTraining):
+            stop = stop.__context__
+        if stop is None:
+            raise
+        raise stop from None
+
+
 def main(args: list[str] | None = None) -> None:
     silence_dependency_noise()
     # Set before training, Lightning's handlers and CheckpointOnStop's replace it while training runs.
     outside_training = signal.signal(signal.SIGTERM, stop_outside_training)
     try:
-        run_command(sys.argv[1:] if args is None else args, args)
+        with stop_unhidden():
+            run_command(sys.argv[1:] if args is None else args, args)
         finish_wandb_run()
     except StoppedOutsideTraining as stopped:
         # Python's default would end the process silently, holding the run's lock file and W&B's run open.
