@@ -254,6 +254,9 @@ def test_consolidate_names_a_missing_checkpoint_apart_from_a_file(monkeypatch, c
     one_file = refusal(monkeypatch, capsys, "consolidate", str(tmp_path / "model.ckpt"), str(tmp_path / "out.ckpt"))
     assert one_file.endswith("model.ckpt is not a folder: only sharded checkpoints (folders) need consolidating.")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model.ckpt"]
+    (tmp_path / "sharded").mkdir()
+    into_a_folder = refusal(monkeypatch, capsys, "consolidate", str(tmp_path / "sharded"), str(tmp_path))
+    assert into_a_folder.endswith(f"OUTPUT {tmp_path} is a folder: name the checkpoint file to write.")
 
 
 def test_predict_on_a_folder_without_classes_{{ "points_at_classify" if cookiecutter.inference == "yes" else "says_what_it_reads" }}(monkeypatch, capsys, trained, tiny_shapes):

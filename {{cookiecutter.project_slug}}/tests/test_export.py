@@ -84,6 +84,9 @@ def test_the_check_images_come_from_every_class_of_a_folder_not_the_first(tiny_s
         (["CHECKPOINT", "--images=notes.txt"], "None of notes.txt is a readable image: pass --images with some."),
         (["CHECKPOINT", "--images=empty"], "or its folders.): point --images at image files or folders."),
         (["CHECKPOINT", "--format=tflite"], "argument --format: invalid choice: 'tflite'"),
+        # Refused before the export, which took a while and then failed on writing.
+        (["CHECKPOINT", "--output=empty"], "--output empty is a folder: name the file to write."),
+        (["CHECKPOINT", "--output=notes.txt/model.onnx"], "is under notes.txt, which is a file: name a path in"),
     ],
 )
 def test_mistakes_end_in_one_line(monkeypatch, capsys, trained, given, expected):

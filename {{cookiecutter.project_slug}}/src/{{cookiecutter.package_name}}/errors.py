@@ -13,6 +13,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 # The import name, which every command line starts with (python -m PACKAGE ...), from any module.
@@ -70,6 +71,14 @@ class CommandParser(argparse.ArgumentParser):
             if name.startswith("--") and "." not in name and (meant := difflib.get_close_matches(name, own, 1, 0.8)):
                 self.error(f"unrecognized argument {name}: did you mean {meant[0]}?")
         return known, rest
+
+
+def check_output_file(path: Path, option: str, what: str) -> None:
+    """Refuse, before any work, a file to write that cannot be one: a folder, or a path under a file."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path} is a folder: name the {what} to write.")
+    if (above := next(parent for parent in path.parents if parent.exists())).is_file():
+        raise ConfigError(f"{option} {path} is under {above}, which is a file: name a path in a folder.")
 
 
 def check_choices(function: Callable, given: dict, group: str) -> None:

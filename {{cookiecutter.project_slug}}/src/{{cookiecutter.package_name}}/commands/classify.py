@@ -18,7 +18,7 @@ import torch
 from ..cli import configured_runs
 from ..datasets.folders import image_files_under, other_images_warning
 from ..datasets.images import IMAGE_SUFFIXES, labelled_image
-from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError
+from ..errors import PACKAGE, CommandParser, DataError, MissingError, check_output_file
 from ..training.predictions import csv_header, csv_row, top_classes
 from ..training.resume import check_checkpoint
 from ..training.run_folders import best_checkpoint
@@ -72,8 +72,7 @@ def main(args: list[str]) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps")
     options = parser.parse_args(args)
     parser.check_at_least(options, {"--top-k": 1, "--batch-size": 1})
-    if options.output.is_dir():
-        raise ConfigError(f"--output {options.output} is a folder: name the CSV file to write.")
+    check_output_file(options.output, "--output", "CSV file")
     check_device(options.device)
 
     if options.checkpoint is not None and options.checkpoint.suffix != ".onnx":

@@ -16,7 +16,7 @@ from lightning.fabric.utilities.load import _load_distributed_checkpoint
 from lightning.pytorch.utilities.consolidate_checkpoint import _format_checkpoint
 from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
-from ..errors import PACKAGE, CommandParser, DataError, MissingError, one_line
+from ..errors import PACKAGE, CommandParser, DataError, MissingError, check_output_file, one_line
 from ..training.checkpoint_io import written_whole
 
 
@@ -45,6 +45,7 @@ def main(args: list[str]) -> int:
         raise MissingError(f"{options.checkpoint}: no such folder. Give a sharded checkpoint's folder (.../last.ckpt).")
     if not options.checkpoint.is_dir():
         raise DataError(f"{options.checkpoint} is not a folder: only sharded checkpoints (folders) need consolidating.")
+    check_output_file(options.output, "OUTPUT", "checkpoint file")
     options.output.parent.mkdir(parents=True, exist_ok=True)
     try:
         consolidate(options.checkpoint, options.output)

@@ -17,7 +17,7 @@ import torch
 
 from ..data import checkpoint_preprocessing
 from ..datasets.images import labelled_image
-from ..errors import PACKAGE, CommandParser, DataError, MissingError
+from ..errors import PACKAGE, CommandParser, DataError, MissingError, check_output_file
 from ..model import ImageClassifier, load_trained
 from ..training.resume import check_checkpoint, refuse_sharded, saved_checkpoint
 from ..transforms import Preprocessing
@@ -99,6 +99,8 @@ def main(args: list[str]) -> int:
         raise MissingError('ONNX export needs the onnx and onnxscript packages: pip install -e ".[export]"')
     check_checkpoint(str(options.checkpoint), "CHECKPOINT")  # a folder passes only if it holds shards
     refuse_sharded(options.checkpoint)
+    output = options.output or options.checkpoint.with_suffix(f".{options.format}")
+    check_output_file(output, "--output", "file")
 
     model = load_trained(options.checkpoint, "cpu").eval()
     saved = saved_checkpoint(options.checkpoint)
@@ -111,7 +113,6 @@ def main(args: list[str]) -> int:
         fix = "point --images at image files or folders" if options.images else "pass --images"
         raise MissingError(f"Nothing to check the export on ({error}): {fix}.") from error
     served = ServedClassifier(model, preprocessing).eval()
-    output = options.output or options.checkpoint.with_suffix(f".{options.format}")
     output.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         expected = served(images)
