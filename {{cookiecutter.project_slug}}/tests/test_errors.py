@@ -105,6 +105,12 @@ def test_bad_options_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_
     assert expected in refusal(monkeypatch, capsys, *fit(tiny_shapes, *options))
 
 
+def test_a_misspelt_option_is_not_taken_for_one_that_a_link_sets(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    # model.batch_size is data.batch_size's, linked: given, it is refused.
+    line = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--data.batch_sise=3"))
+    assert "Did you mean data.batch_size" in line and "model.batch_size" not in line
+
+
 def test_a_wrong_value_in_a_config_file_names_the_file_not_an_option_never_given(
     monkeypatch, capsys, in_project_copy, tiny_shapes
 ):

@@ -257,7 +257,12 @@ class SuggestingParser(LightningArgumentParser):
         return None
 
     def _option_names(self) -> list[str]:
-        names = [option[2:] for option in self._option_string_actions if option.startswith("--")]
+        # Not the targets of links (model.batch_size), which take no value of their own.
+        links = getattr(getattr(self, "_links_group", None), "_group_actions", [])
+        linked = {f"--{link.target[0]}" for link in links}
+        names = [
+            option[2:] for option in self._option_string_actions if option.startswith("--") and option not in linked
+        ]
         for action in self._actions:  # the options of the subcommands (fit, validate, ...)
             for parser in (getattr(action, "choices", None) or {}).values():
                 if isinstance(parser, SuggestingParser):

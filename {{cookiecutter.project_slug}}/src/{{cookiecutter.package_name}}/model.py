@@ -433,8 +433,9 @@ class ImageClassifier(L.LightningModule):
             self.loss_weights = counts.sum() / (len(counts) * counts.clamp(min=1))
         if stage == "fit" and self.batch_mixing.enabled:
             rank_zero_info(
-                "Mixup/CutMix on: train/loss is the loss on the blended images; the train/ accuracy metrics are off "
-                "(a blended image has no one label) and val/ metrics are on whole images."
+                "Mixup/CutMix on: train/loss_step and train/loss_epoch are the loss on the blended images; the train/ "
+                "accuracy metrics are off for the whole run (a blended image has no one label); val/ metrics are on "
+                "whole images."
             )
 
     def check_run(self, callbacks: list, datamodule, max_epochs: int | None = None) -> None:
