@@ -39,7 +39,7 @@ def test_the_progress_bar_switches_off(monkeypatch, capsys, in_project_copy, tin
     assert not (in_project_copy / "runs").exists(), "fast_dev_run should write nothing"
 
 
-def test_short_fit_writes_a_run_folder_that_reloads(monkeypatch, in_project_copy, tiny_shapes):
+def test_short_fit_writes_a_run_folder_that_reloads(monkeypatch, caplog, in_project_copy, tiny_shapes):
     run_cli(
         monkeypatch,
         "fit",
@@ -51,6 +51,7 @@ def test_short_fit_writes_a_run_folder_that_reloads(monkeypatch, in_project_copy
         "--model.backbone=resnet18",
     )
     (run,) = [p for p in (in_project_copy / "runs").glob("*/*") if (p / "checkpoints").is_dir()]
+    assert f"Run folder: {run.relative_to(in_project_copy)} (config.yaml, checkpoints/)" in caplog.text
     checkpoints = run / "checkpoints"
     names = sorted(p.name for p in checkpoints.iterdir())
     assert "last.ckpt" in names and "class_names.json" in names

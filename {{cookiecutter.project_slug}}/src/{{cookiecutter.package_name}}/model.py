@@ -548,6 +548,7 @@ class ImageClassifier(L.LightningModule):
         if (folder := self._checkpoint_folder()) is None:
             return
         mark_unfinished(folder)  # until this fit ends: --ckpt_path auto continues it if it does not
+        rank_zero_info(f"Run folder: {folder.parent} (config.yaml, {folder.name}/)")
         if self.hparams.class_names:  # the label order next to the checkpoints, for tools that read none
             write_whole(folder / "class_names.json", json.dumps(self.hparams.class_names, indent=2) + "\n")
 

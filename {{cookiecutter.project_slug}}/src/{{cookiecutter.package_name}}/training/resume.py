@@ -123,10 +123,10 @@ def resolve_resume(config: Namespace, subcommand: str, defaults: dict[str, dict]
             if requested == "last":
                 raise ConfigError(said)
             job_done(said)
+        if subcommand == "fit" and not config.get(ALLOW_CHANGES):  # refused before "resuming" is said
+            check_same_options(config, found[-1], requested, defaults)
         doing = "resuming from" if subcommand == "fit" else "evaluating"
         rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
-        if subcommand == "fit" and not config.get(ALLOW_CHANGES):
-            check_same_options(config, found[-1], requested, defaults)
     elif subcommand == "fit":
         # A checkpoint given by path starts a new run from it (a copied file), from its epoch on.
         if requested and Path(requested).is_file() and (reached := limit_reached(Path(requested), config.trainer)):
