@@ -17,6 +17,15 @@ def test_a_folder_without_runs_is_refused(monkeypatch, capsys, tmp_path):
     assert "No run under" in refusal(monkeypatch, capsys, "report", "--runs", str(tmp_path))
 
 
+def test_outside_the_project_the_runs_are_not_searched_for_in_every_folder_below(monkeypatch, capsys, tmp_path):
+    # Its configs say where fit puts runs: without them, report took a run anywhere under the folder it ran in.
+    (tmp_path / "elsewhere" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "checkpoints" / "last.ckpt").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    message = refusal(monkeypatch, capsys, "report")
+    assert message.endswith(f"in {tmp_path}: run from the project folder, or pass --runs."), message
+
+
 def test_a_run_without_metrics_is_refused(monkeypatch, capsys, tmp_path):
     (tmp_path / "run").mkdir()
     assert "No metrics.csv or TensorBoard events" in refusal(monkeypatch, capsys, "report", str(tmp_path / "run"))
