@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CAPABILITY_NEEDS, QUIET, TEMPLATE, hook_constant, is_valid, run_bounded, tomllib
+from conftest import QUIET, TEMPLATE, hook_constant, is_valid, run_bounded, tomllib
 
 
 def run_cookiecutter(output_dir, env=None, **answers: str) -> subprocess.CompletedProcess:
@@ -30,10 +30,11 @@ REFUSED = [
     ({"backbone": "not_a_model"}, "backbone 'not_a_model' is not a torchvision classification model"),
     ({"backbone": "timm/not_a_model.x"}, "backbone 'timm/not_a_model.x' is not a timm model"),
     ({"backbone": "timm/resnet18", "timm": "no"}, "is a timm model, and timm is no: answer timm=yes"),
-    *[
-        ({capability: "yes", needed: "no"}, f"{capability} is yes and {needed} is no, but {why}: answer {needed}=yes")
-        for capability, (needed, why) in CAPABILITY_NEEDS.items()
-    ],
+    (
+        {"serving": "yes", "inference": "no"},
+        "serving is yes and inference is no, but serve loads the model through classify's Predictor: answer "
+        "inference=yes, or serving=no.",
+    ),
     ({"python_version": "2.7"}, "python_version '2.7' is not one the project's dependencies (torch, lightning)"),
     ({"python_version": "3.9"}, "use one of 3.10, 3.11, 3.12, 3.13 (e.g. python_version=3.11)"),
     ({"image_size": "big"}, "image_size 'big'"),

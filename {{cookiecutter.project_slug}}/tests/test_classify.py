@@ -98,7 +98,7 @@ def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path
         (["--device=cuda:99"], "--device cuda:99: this machine has"),
         (["--device=gpu"], "--device gpu: Expected one of"),
         (["--output=."], "--output . is a folder: name the CSV file to write."),
-        (["--output=configs/default.yaml/top.csv"], "is under configs/default.yaml, which is a file: name a path"),
+        (["--output=configs/default.yaml/top.csv"], "is under configs/default.yaml, which is not a folder: name a"),
     ],
 )
 def test_wrong_options_end_in_one_line(monkeypatch, capsys, trained, tiny_shapes, given, expected):

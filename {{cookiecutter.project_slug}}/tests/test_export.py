@@ -86,7 +86,8 @@ def test_the_check_images_come_from_every_class_of_a_folder_not_the_first(tiny_s
         (["CHECKPOINT", "--format=tflite"], "argument --format: invalid choice: 'tflite'"),
         # Refused before the export, which took a while and then failed on writing.
         (["CHECKPOINT", "--output=empty"], "--output empty is a folder: name the file to write."),
-        (["CHECKPOINT", "--output=notes.txt/model.onnx"], "is under notes.txt, which is a file: name a path in"),
+        (["CHECKPOINT", "--output=broken/model.onnx"], "is under broken, which is not a folder: name a path"),
+        (["CHECKPOINT", "--output=notes.txt/model.onnx"], "is under notes.txt, which is not a folder: name a path"),
     ],
 )
 def test_mistakes_end_in_one_line(monkeypatch, capsys, trained, given, expected):
@@ -94,6 +95,7 @@ def test_mistakes_end_in_one_line(monkeypatch, capsys, trained, given, expected)
     (trained / "notes.txt").write_text("not a checkpoint, not an image")
     (trained / "sharded").mkdir()
     (trained / "empty").mkdir()
+    (trained / "broken").symlink_to(trained / "gone")
     (trained / "sharded" / ".metadata").write_bytes(b"")  # as torch's distributed checkpoint writes
     paths = {"CHECKPOINT": str(checkpoint), "RUN": str(checkpoint.parent.parent)}
     arguments = [paths.get(arg, arg) for arg in given]

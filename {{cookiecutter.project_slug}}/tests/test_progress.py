@@ -17,6 +17,24 @@ from {{ cookiecutter.package_name }}.training import progress
 from {{ cookiecutter.package_name }}.training.progress import LogLines
 
 
+def fit_at(epoch: int, step: int, done: int, max_steps: int, max_epochs: int = 10, batches: float = 9, accumulate=1):
+    """A trainer's counts as a fit starts at `epoch`, `step`, `done` batches into the epoch."""
+    epoch_loop = SimpleNamespace(batch_progress=SimpleNamespace(current=SimpleNamespace(completed=done)))
+    return SimpleNamespace(current_epoch=epoch, global_step=step, max_steps=max_steps, max_epochs=max_epochs,
+                           num_training_batches=batches, accumulate_grad_batches=accumulate,
+                           fit_loop=SimpleNamespace(epoch_loop=epoch_loop))  # fmt: skip
+
+
+def test_the_last_epoch_is_counted_from_where_the_fit_is():
+    assert progress.last_epoch(fit_at(0, 0, 0, max_steps=-1, max_epochs=3)) == 2
+    assert progress.last_epoch(fit_at(0, 0, 0, max_steps=10)) == 1, "9 steps an epoch: step 10 is epoch 1's"
+    assert progress.last_epoch(fit_at(0, 5, 5, max_steps=10)) == 1, "resumed inside epoch 0"
+    # Resumed at epoch 1 after 9 steps, now 3 batches a step (3 steps an epoch): 6 steps are 2 epochs.
+    assert progress.last_epoch(fit_at(1, 9, 0, max_steps=15, accumulate=3)) == 2
+    assert progress.last_epoch(fit_at(0, 0, 0, max_steps=-1, max_epochs=-1)) is None
+    assert progress.last_epoch(fit_at(0, 0, 0, max_steps=10, max_epochs=-1, batches=math.inf)) is None
+
+
 def test_lines_every_n_steps_and_per_epoch_with_the_epochs_numbers(monkeypatch, capsys, tiny_shapes):
     clock = itertools.count(start=1.0)  # each reading one second after the last
     monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=lambda: next(clock)))

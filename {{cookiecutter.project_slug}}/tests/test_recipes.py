@@ -149,6 +149,17 @@ def test_a_run_that_ends_before_the_policy_and_mixing_start_says_so(in_project_c
     assert "Until epoch" not in caplog.text, "nothing waits for them: the recipe's delays with its policy turned off"
 
 
+def test_a_run_resumed_where_the_policy_and_mixing_start_says_nothing_of_them(in_project_copy, tiny_shapes, caplog):
+    # Stopped at epoch 0's end: with max_steps set, Lightning's epoch is still 0 as the resumed run starts epoch 1.
+    options = [*STRONG, "--data.basic_augment_epochs=1", "--model.unmixed_epochs=1", "--trainer.max_epochs=2",
+               "--trainer.max_steps=100", *logged_to("runs")]  # fmt: skip
+    fitted(tiny_shapes, *options, f"--trainer.callbacks+={STOP_AFTER_FIRST_EPOCH}")
+    (interrupted,) = Path("runs").glob("run/*/checkpoints/last.ckpt")
+    caplog.clear()
+    fitted(tiny_shapes, *options, ckpt_path=str(interrupted))
+    assert "Until epoch" not in caplog.text
+
+
 def test_a_negative_delay_is_refused():
     with pytest.raises(ConfigError, match="data.basic_augment_epochs must be 0 or more, got -1"):
         ImageDataModule(basic_augment_epochs=-1, augment="trivialaugment")

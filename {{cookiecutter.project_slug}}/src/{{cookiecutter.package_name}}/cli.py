@@ -755,9 +755,10 @@ def place_runs(trainer: Namespace, check: bool = True) -> None:
 def configured_runs() -> Path:
     """Where `fit` puts its runs with the configs as they are: where {{ "classify, report and serve look" if cookiecutter.serving == "yes" else "classify and report look" if cookiecutter.inference == "yes" else "report looks" }} for
     the newest one, so that a save_dir or default_root_dir set in a config holds for {{ "them" if cookiecutter.inference == "yes" else "it" }} too."""
-    if missing := [str(path) for path in DEFAULT_CONFIGS if not path.is_file()]:
-        # Elsewhere the defaults would put runs here, and every folder below would be searched for them.
-        raise MissingError(f"No {', '.join(missing)} in {Path.cwd()}: run from the project folder, or pass --runs.")
+    if not any(path.is_file() for path in DEFAULT_CONFIGS):
+        # Outside the project the defaults would put runs here, and every folder below would be searched.
+        configs = ", ".join(map(str, DEFAULT_CONFIGS))
+        raise MissingError(f"No {configs} in {Path.cwd()}: run from the project folder, or pass --runs.")
     trainer = as_namespace(resolved_config([])["trainer"])
     place_runs(trainer, check=False)
     logger = first_logger(trainer)

@@ -40,7 +40,7 @@ from .datasets.sampling import (
 from .errors import ConfigError, DataError, MissingError, check_choices
 from .hardware.sharding import shards_weights
 from .training import sigterm
-from .training.progress import ends_before
+from .training.progress import ends_before, next_epoch
 from .training.resume import interrupts_an_epoch
 from .transforms import (
     Augment,
@@ -335,18 +335,16 @@ class ImageDataModule(L.LightningDataModule):
     def augment_schedule(self, first_epoch: int) -> str | None:
         """When the policy joins the basic augmentation, said to a fit that trains from `first_epoch`
         on; None where nothing waits (no schedule, or a resumed run past its start)."""
-        options = self.hparams
-        if first_epoch >= options.basic_augment_epochs:
-            return None
-        if not isinstance(self._train_transform(), ScheduledAugmentation):  # train_transform's rule, not a copy
+        options, transform = self.hparams, self._train_transform()  # train_transform's rule, not a copy
+        if not isinstance(transform, ScheduledAugmentation) or first_epoch >= transform.start:
             return None
         added = [options.augment] if options.augment not in ("none", "basic") else []
         added += [f"random erasing {options.random_erasing:g}"] if options.random_erasing > 0 else []
         line = (
-            f"Until epoch {options.basic_augment_epochs} the training images get the basic augmentation, then "
+            f"Until epoch {transform.start} the training images get the basic augmentation, then "
             f"{' and '.join(added)} too (data.basic_augment_epochs)"
         )
-        return line + ends_before(self.trainer, options.basic_augment_epochs)
+        return line + ends_before(self.trainer, transform.start)
 
     def _drop_last(self, share: int) -> bool:
         # A last batch of one image breaks BatchNorm, and one much shorter than the others skews its
@@ -465,7 +463,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def _next_epoch(self) -> int:
         """The epoch the loop gives the sampler next."""
-        return self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
+        return next_epoch(self.trainer) if self.trainer is not None else 0
 
     def _position_in_epoch(self) -> dict | None:
         """Where a checkpoint interrupts an epoch, for the resumed run to go on from the next unseen

@@ -77,8 +77,8 @@ def check_output_file(path: Path, option: str, what: str) -> None:
     """Refuse, before any work, a file to write that cannot be one: a folder, or a path under a file."""
     if path.is_dir():
         raise ConfigError(f"{option} {path} is a folder: name the {what} to write.")
-    if (above := next(parent for parent in path.parents if parent.exists())).is_file():
-        raise ConfigError(f"{option} {path} is under {above}, which is a file: name a path in a folder.")
+    if not (above := next(parent for parent in path.parents if os.path.lexists(parent))).is_dir():
+        raise ConfigError(f"{option} {path} is under {above}, which is not a folder: name a path in a folder.")
 
 
 def check_choices(function: Callable, given: dict, group: str) -> None:

@@ -25,7 +25,7 @@ from .training.batch_mixing import BatchMixing
 from .training.checkpoint_io import write_whole
 from .training.csv_logging import forget_rows_from
 from .training.metrics import MeanPerImage, add_states, classification_metrics, states_so_far
-from .training.progress import ends_before
+from .training.progress import ends_before, next_epoch
 from .training.reports import write_report
 from .training.resume import epoch_goes_on_after
 from .training.run_folders import mark_finished, mark_unfinished
@@ -69,8 +69,8 @@ class ImageClassifier(L.LightningModule):
         unmixed_epochs: Train this many epochs first on whole images, then mix: a model that has not
             fitted the data yet learns little from blends, so a short run is not mixed at all.
         class_weights: Weigh the training loss per class: "balanced" by images / (classes x the
-            class's training images), so each class counts alike whatever its size (train/loss is
-            then the weighted loss); "none" counts each image alike.
+            class's training images), so each class counts alike whatever its size (the train/ losses
+            are then the weighted loss); "none" counts each image alike.
         stochastic_depth: Probability that training skips the deepest residual block (drop path;
             shallower blocks less, in proportion), for the backbones that have it (ConvNeXt,
             EfficientNet, Swin, MaxViT{{ "; timm's drop_path_rate" if cookiecutter.timm == "yes" }}). Unset: the library's value for the
@@ -179,7 +179,7 @@ class ImageClassifier(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
         targets = labels
-        if self.batch_mixing.enabled and self.current_epoch >= self.hparams.unmixed_epochs:
+        if self.mixes_at(self.current_epoch):
             images, targets = self.batch_mixing(
                 images, labels, run_seed(), self.global_rank, self.trainer.fit_loop.total_batch_idx
             )
@@ -507,13 +507,17 @@ class ImageClassifier(L.LightningModule):
     def say_schedules(self) -> None:
         """When the augmentation policy and the mixing start, said as training starts: a resumed run
         knows its epoch only then, and one past their start says nothing of them."""
-        epoch, unmixed = self.current_epoch, self.hparams.unmixed_epochs
+        epoch, unmixed = next_epoch(self.trainer), self.hparams.unmixed_epochs
         augment_schedule = getattr(self.trainer.datamodule, "augment_schedule", None)
         if augment_schedule is not None and (line := augment_schedule(epoch)):
             rank_zero_info(line)
-        if self.batch_mixing.enabled and epoch < unmixed:
+        if self.batch_mixing.enabled and not self.mixes_at(epoch):
             line = f"Until epoch {unmixed} the model trains on whole images, then on Mixup/CutMix blends"
             rank_zero_info(f"{line} (model.unmixed_epochs){ends_before(self.trainer, unmixed)}")
+
+    def mixes_at(self, epoch: int) -> bool:
+        """Whether the training batches of `epoch` are blended: Mixup/CutMix on, from model.unmixed_epochs."""
+        return self.batch_mixing.enabled and epoch >= self.hparams.unmixed_epochs
 
     def _train_epoch_metrics(self) -> dict:
         return {"loss": self.train_loss, **self.train_metrics}

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..cli import build, finish_wandb_run, resolved_config
+from ..cli import build, finish_wandb_run, resolved_config, stop_unhidden
 from ..errors import PACKAGE, ConfigError
 from ..training.run_folders import best_checkpoint, finished, last_checkpoints
 
@@ -70,7 +70,8 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
     trainer.callbacks.extend(added)
     try:
         if trained is None:
-            trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resumed)
+            with stop_unhidden():  # a sweep takes a stop for the trial's, and a failure for its own
+                trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=resumed)
             trainer.callbacks = [callback for callback in trainer.callbacks if callback not in added]  # fit's alone
             best = next(callback for callback in trainer.checkpoint_callbacks if callback.monitor).best_model_path
         else:

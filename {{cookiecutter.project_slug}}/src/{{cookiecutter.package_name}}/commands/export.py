@@ -100,7 +100,7 @@ def main(args: list[str]) -> int:
     check_checkpoint(str(options.checkpoint), "CHECKPOINT")  # a folder passes only if it holds shards
     refuse_sharded(options.checkpoint)
     output = options.output or options.checkpoint.with_suffix(f".{options.format}")
-    check_output_file(output, "--output", "file")
+    check_output_file(output, "--output" if options.output else "The default --output", "file")
 
     model = load_trained(options.checkpoint, "cpu").eval()
     saved = saved_checkpoint(options.checkpoint)

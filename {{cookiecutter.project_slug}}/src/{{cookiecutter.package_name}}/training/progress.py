@@ -12,6 +12,12 @@ from lightning.pytorch.callbacks import ProgressBar
 FIRST_LINE_STEPS = 10
 
 
+def next_epoch(trainer: L.Trainer) -> int:
+    """The epoch a fit trains next. A resumed run's first, too, where Lightning's current_epoch may
+    still be the checkpoint's (saved at an epoch's end, with max_steps set)."""
+    return trainer.fit_loop.epoch_progress.current.processed
+
+
 def ends_before(trainer: L.Trainer, epoch: int) -> str:
     """The end of a line saying what starts at `epoch`: "; this run ends before, at epoch N." where
     the fit's limits end it before that one, else "."."""
@@ -20,14 +26,17 @@ def ends_before(trainer: L.Trainer, epoch: int) -> str:
 
 
 def last_epoch(trainer: L.Trainer) -> int | None:
-    """The last epoch a fit reaches by its limits, max_epochs or max_steps, whichever comes first (its
-    training data loaded); None where neither ends it."""
-    steps, batches = trainer.estimated_stepping_batches, trainer.num_training_batches
-    if math.isinf(steps) or not batches:
-        return None
-    if math.isinf(batches):  # data of unknown length: only max_epochs counts epochs
-        return trainer.max_epochs - 1 if trainer.max_epochs and trainer.max_epochs > 0 else None
-    return math.ceil(steps / math.ceil(batches / trainer.accumulate_grad_batches)) - 1
+    """The last epoch a fit reaches by its limits, max_epochs or max_steps, whichever comes first,
+    counted from where it is (a resumed run's steps per epoch may differ from before); None where
+    neither ends it. Its training data loaded."""
+    ends = [trainer.max_epochs - 1] if trainer.max_epochs is not None and trainer.max_epochs >= 0 else []
+    batches = trainer.num_training_batches
+    if trainer.max_steps >= 0 and batches and not math.isinf(batches):  # else max_steps ends no epoch
+        per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+        done = math.ceil(trainer.fit_loop.epoch_loop.batch_progress.current.completed / trainer.accumulate_grad_batches)
+        left = trainer.max_steps - trainer.global_step + done  # from the current epoch's start
+        ends.append(trainer.current_epoch + max(1, math.ceil(left / per_epoch)) - 1)
+    return min(ends) if ends else None
 
 
 class LogLines(ProgressBar):
