@@ -357,7 +357,7 @@ def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):
             "wrote (runs/<project>/<run>/checkpoints/) or at an .onnx export.",
         ),
         (["--model=broken.onnx"], "broken.onnx is not an ONNX model onnxruntime can run"),
-        ([], "No checkpoint under .: train a model first, or pass --model."),  # no configs here to place runs
+        ([], ": run from the project folder, or pass --runs."),  # no configs here to say where runs go
         (["--devices=two"], "--devices two: give a number of GPUs"),
         (["--port=80"], "--port 80 is out of range"),
         (["--max-batch-size=0"], "--max-batch-size must be 1 or more, got 0 (python -m"),
