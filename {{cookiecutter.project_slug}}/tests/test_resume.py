@@ -488,6 +488,7 @@ def test_a_run_saved_before_the_model_code_gained_or_lost_an_option(monkeypatch,
     run_cli(monkeypatch, "fit", *resume)
     said = f"Options new since {run.relative_to(in_project_copy)} was saved, at their defaults: model.label_smoothing"
     assert f"{said} 0.0" in caplog.text and (run / "checkpoints" / "finished.json").is_file()
+    assert caplog.text.index("--ckpt_path auto: resuming from") < caplog.text.index(said)
     capsys.readouterr()
     saved = torch.load(last, map_location="cpu", weights_only=True)
     saved["hyper_parameters"]["head_dropout"] = 0.2

@@ -446,6 +446,12 @@ def class_entries(config) -> list[dict]:
     return own + [entry for value in config.values() for entry in class_entries(value)]
 
 
+def found_defaults() -> list[Path]:
+    """The default configs in the folder the command runs in: fit warns of a missing one and reads the
+    rest, the commands that look for runs refuse without any (outside the project)."""
+    return [path for path in DEFAULT_CONFIGS if path.is_file()]
+
+
 def given_configs() -> list[str]:
     """The default configs, then those given with --config, in the order the parser reads them."""
     return [*map(str, DEFAULT_CONFIGS), *config_args(GIVEN or sys.argv[1:]).values()]
@@ -755,7 +761,7 @@ def place_runs(trainer: Namespace, check: bool = True) -> None:
 def configured_runs() -> Path:
     """Where `fit` puts its runs with the configs as they are: where {{ "classify, report and serve look" if cookiecutter.serving == "yes" else "classify and report look" if cookiecutter.inference == "yes" else "report looks" }} for
     the newest one, so that a save_dir or default_root_dir set in a config holds for {{ "them" if cookiecutter.inference == "yes" else "it" }} too."""
-    if not any(path.is_file() for path in DEFAULT_CONFIGS):
+    if not found_defaults():
         # Outside the project the defaults would put runs here, and every folder below would be searched.
         configs = ", ".join(map(str, DEFAULT_CONFIGS))
         raise MissingError(f"No {configs} in {Path.cwd()}: run from the project folder, or pass --runs.")
@@ -776,7 +782,7 @@ def build(cli_args: list[str], keep_config: bool = False) -> ClassifierCLI:
     """The model, data and trainer that `fit` would build from the same configuration and options.
     `keep_config`: training writes the run's config.yaml, as `fit` does (a measurement is no run to
     reproduce; a trained model is)."""
-    configs = [arg for path in DEFAULT_CONFIGS if path.is_file() for arg in ("--config", str(path))]
+    configs = [arg for path in found_defaults() for arg in ("--config", str(path))]
     with warnings.catch_warnings():  # the options are in sys.argv too, behind the tool's own command
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
         return ClassifierCLI(
@@ -925,11 +931,11 @@ def run_command(command: list[str], args: list[str] | None) -> None:
         module, _, function = TOOLS[command[0]].partition(":")
         sys.exit(getattr(importlib.import_module(f".commands.{module}", PACKAGE), function or "main")(command[1:]))
     check_config_order(command)
-    defaults = [str(path) for path in DEFAULT_CONFIGS if path.is_file()]
+    defaults = found_defaults()
     if len(defaults) < len(DEFAULT_CONFIGS):
-        missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if not path.is_file())
+        missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if path not in defaults)
         print(f"No {missing} in {Path.cwd()}: run from the project folder or pass --config.", file=sys.stderr)
-    run_cli(defaults, args)
+    run_cli([*map(str, defaults)], args)
 
 
 def check_config_order(args: list[str]) -> None:

@@ -74,7 +74,8 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def check_output_file(path: Path, option: str, what: str) -> None:
-    """Refuse, before any work, a file to write that cannot be one: a folder, or a path under a file."""
+    """Refuse, before any work, a file to write that cannot be one: a folder, or a path under a file or
+    a broken link."""
     if path.is_dir():
         raise ConfigError(f"{option} {path} is a folder: name the {what} to write.")
     if not (above := next(parent for parent in path.parents if os.path.lexists(parent))).is_dir():

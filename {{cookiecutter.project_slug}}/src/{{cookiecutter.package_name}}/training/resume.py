@@ -123,10 +123,13 @@ def resolve_resume(config: Namespace, subcommand: str, defaults: dict[str, dict]
             if requested == "last":
                 raise ConfigError(said)
             job_done(said)
+        gained = []
         if subcommand == "fit" and not config.get(ALLOW_CHANGES):  # refused before "resuming" is said
-            check_same_options(config, found[-1], requested, defaults)
+            gained = check_same_options(config, found[-1], requested, defaults)
         doing = "resuming from" if subcommand == "fit" else "evaluating"
         rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
+        if gained:
+            rank_zero_info(f"Options new since {run} was saved, at their defaults: {', '.join(gained)}")
     elif subcommand == "fit":
         # A checkpoint given by path starts a new run from it (a copied file), from its epoch on.
         if requested and Path(requested).is_file() and (reached := limit_reached(Path(requested), config.trainer)):
@@ -171,14 +174,15 @@ def job_done(said: str) -> NoReturn:
     raise SystemExit(0)
 
 
-def check_same_options(config: Namespace, checkpoint: Path, requested: str, defaults: dict[str, dict]) -> None:
+def check_same_options(config: Namespace, checkpoint: Path, requested: str, defaults: dict[str, dict]) -> list[str]:
     """Refuse to continue a run from `checkpoint` with other data, model or schedule options than it
     was trained with: the weights would go on training towards something else under the run's name.
-    An option the code gained since, at its default (`defaults`, by section), is no change."""
+    An option the code gained since, at its default (`defaults`, by section), is no change: those are
+    returned, to be named once the resume is said."""
     run = checkpoint.parent.parent
     saved, trained = config_at(checkpoint)
     if saved is None:
-        return  # a run without a config (trained outside the CLI): nothing to compare
+        return []  # a run without a config (trained outside the CLI): nothing to compare
     changed, gained = [], []
     for section in ("data", "model"):
         was, default = trained.get(section) or {}, defaults[section]
@@ -204,8 +208,7 @@ def check_same_options(config: Namespace, checkpoint: Path, requested: str, defa
             f"{', '.join(changed)}. Resume with the run's options, start a new run (no --ckpt_path), or pass "
             f"--{ALLOW_CHANGES}=true to continue it with these."
         )
-    if gained:
-        rank_zero_info(f"Options new since {run} was saved, at their defaults: {', '.join(gained)}")
+    return gained
 
 
 def evaluate_on_trained_data(config: Namespace, given: set[str], subcommand: str) -> None:
