@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, command_env, on_data, refusal, run_cli, run_command, run_group
+from conftest import ON_CPU, PROJECT_ROOT, command_env, on_data, refusal, run_cli, run_command, run_group
 from packaging.specifiers import SpecifierSet
 {%- if cookiecutter.logger == "tensorboard" %}
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -153,6 +153,20 @@ def test_every_option_is_documented_in_help(monkeypatch, capsys):
             if f"{section}.{name}" not in linked:
                 assert f"--{section}.{name} " in help_text, f"--{section}.{name}"
     assert "Scale `lr` linearly" in help_text and "Mixup: blend pairs of training images" in help_text
+
+
+def test_fit_away_from_the_project_names_the_default_configs_it_lacks_and_reads_the_rest(monkeypatch, capsys, tmp_path):
+    (tmp_path / "configs").mkdir()
+    default = (PROJECT_ROOT / "configs" / "default.yaml").read_text()
+    (tmp_path / "configs" / "default.yaml").write_text(re.sub("^seed_everything: .*$", "seed_everything: 1234", default,
+                                                              flags=re.MULTILINE))  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, "fit", "--print_config")
+    printed = capsys.readouterr()
+    trainer_preset = cli.DEFAULT_CONFIGS[0]
+    assert printed.err.strip() == f"No {trainer_preset} in {tmp_path}: run from the project folder or pass --config."
+    assert "seed_everything: 1234" in printed.out
 
 
 def test_misspelt_monitored_metric_stops_before_training(monkeypatch, capsys, in_project_copy, tiny_shapes):
