@@ -26,7 +26,7 @@ STOPPABLE = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--tra
 def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in_project_copy, tiny_shapes):
     options = [*ON_CPU, *on_data(tiny_shapes), *SHORT]
     run_command(monkeypatch, "repeat", "--seeds=0,1", *options)
-    folder = Path("cv/seeds2")
+    folder = Path("cv/seeds")
     results = {}
     for seed in (0, 1):
         (config,) = (folder / f"seed{seed}").glob("**/config.yaml")
@@ -50,7 +50,7 @@ def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in
     assert capsys.readouterr().out.count("kept from an earlier call") == 2
     # With other options, the runs kept are not the same experiment.
     message = refusal(monkeypatch, capsys, "repeat", "--seeds=0,1", *options, "--model.lr=0.01")
-    assert "cv/seeds2 holds runs started with other options" in message and "--name" in message
+    assert "cv/seeds holds runs started with other options" in message and "--name" in message
     # Stopped as its best checkpoint was checked (metrics.json not written yet): checked again, not retrained.
     (last,) = (folder / "seed1").glob("*/*/checkpoints/last.ckpt")
     trained, earlier = last.read_bytes(), (folder / "seed1" / METRICS).read_text()
@@ -59,6 +59,11 @@ def test_repeat_trains_one_run_per_seed_and_sums_them_up(monkeypatch, capsys, in
     assert f"Validating the best checkpoint of {last}" in capsys.readouterr().out
     assert list((folder / "seed1").glob("*/*/checkpoints/last.ckpt")) == [last] and last.read_bytes() == trained
     assert json.loads((folder / "seed1" / METRICS).read_text()) == pytest.approx(json.loads(earlier))
+    # More seeds add to the runs kept (a folder named by the count of seeds trained them all again).
+    capsys.readouterr()
+    run_command(monkeypatch, "repeat", "--seeds=0,1,2", *options)
+    assert capsys.readouterr().out.count("kept from an earlier call") == 2
+    assert (folder / "seed2" / METRICS).is_file() and "| seed2 |" in (folder / "summary.md").read_text()
 
 
 def stopped_at_step(monkeypatch, step: int) -> None:
@@ -73,14 +78,14 @@ def test_a_run_a_sigterm_stopped_goes_on_from_its_checkpoint_when_the_command_ru
     stopped_at_step(monkeypatch, 1)
     run_command(monkeypatch, "repeat", "--seeds=0", *options, status=143)
     monkeypatch.setattr(crossval, "fit_in_folder", fit_in_folder)
-    (last,) = Path("cv/seeds1/seed0").glob("*/*/checkpoints/last.ckpt")
+    (last,) = Path("cv/seeds/seed0").glob("*/*/checkpoints/last.ckpt")
     assert torch.load(last, weights_only=True)["global_step"] == 2
     capsys.readouterr()
     run_command(monkeypatch, "repeat", "--seeds=0", *options)
     assert f"Resuming from {last}" in capsys.readouterr().out
-    assert list(Path("cv/seeds1/seed0").glob("*/*/checkpoints/last.ckpt")) == [last], "the same run, not a new one"
+    assert list(Path("cv/seeds/seed0").glob("*/*/checkpoints/last.ckpt")) == [last], "the same run, not a new one"
     assert torch.load(last, weights_only=True)["global_step"] == 4
-    assert (last.parent / "finished.json").is_file() and Path("cv/seeds1/seed0/metrics.json").is_file()
+    assert (last.parent / "finished.json").is_file() and Path("cv/seeds/seed0/metrics.json").is_file()
 
 
 def test_a_stopped_run_goes_on_only_with_the_options_it_was_started_with(

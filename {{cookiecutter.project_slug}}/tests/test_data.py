@@ -513,13 +513,24 @@ for epoch in range(6):
     assert sorted(named) == ["garbage.jpg", "truncated.png"], done.stderr[-3000:]
 
 
-def test_a_batch_of_unreadable_images_alone_stops_with_the_fix(tmp_path):
-    data = ImageDataModule(with_broken_images(tmp_path), num_workers=0, batch_size=1, val_fraction=0.1)
+def test_a_batch_of_unreadable_images_alone_stops_training_with_the_fix_and_comes_empty_to_evaluations(tmp_path):
+    # An evaluation stopped with the training's error: one process's share of a small split (under DDP)
+    # or a batch of one can be all unreadable, which an evaluation skips as it skips one image.
+    with_broken_images(tmp_path / "train"), with_broken_images(tmp_path / "val")
+    data = ImageDataModule(tmp_path, num_workers=0, batch_size=1, image_size=32)
     data.setup("fit")
-    fix = r"batch \(1\) was unreadable.*: remove or replace the files the warnings above name"
-    with pytest.raises(DataError, match=fix), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        list(data.val_dataloader()) + list(data.train_dataloader())
+        batches = list(data.val_dataloader())
+        named = [paths for _, paths in data.predict_dataloader()]
+        fix = r"training batch \(1\) was unreadable.*: remove or replace the files the warnings above name"
+        with pytest.raises(DataError, match=fix):
+            list(data.train_dataloader())
+    assert sorted(len(labels) for _, labels in batches) == [0, 0, *[1] * 8]
+    assert {(images.shape[1:], images.dtype, labels.dtype) for images, labels in batches} == {
+        ((3, 32, 32), torch.uint8, torch.int64)
+    }
+    assert sorted(map(len, named)) == [0, 0, *[1] * 8] and all(isinstance(paths, tuple) for paths in named)
 
 
 def test_unreadable_image_can_stop_the_run_naming_the_file(tmp_path):

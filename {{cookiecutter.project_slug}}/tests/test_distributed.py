@@ -257,6 +257,33 @@ def test_every_logged_metric_is_over_every_image_once(in_project_copy, uneven_sh
         assert logged[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
+def test_a_process_whose_validation_batch_is_all_unreadable_validates_with_the_others(in_project_copy, tiny_shapes,
+                                                                                        tmp_path):  # fmt: skip
+    # The validation images are dealt to the two processes in turn: the first and third go to the first
+    # process, whose first batch of two was then all unreadable, and the run stopped with the training's
+    # error (one process alone skips them and goes on).
+    copy = tmp_path / "data"
+    shutil.copytree(tiny_shapes, copy)
+    split = ImageDataModule(copy, num_workers=0)
+    split.setup("validate")
+    for path, _ in split.val_set.samples[0:3:2]:
+        Path(path).write_bytes(b"not an image at all")
+    fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
+        "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", *data(copy, 2))  # fmt: skip
+    (metrics,) = (in_project_copy / "runs" / "dist").glob("*/metrics.csv")
+    logged = {name: float(value) for row in csv.DictReader(metrics.open()) for name, value in row.items()
+              if value and name.startswith("val/")}  # fmt: skip
+    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/dist/*/checkpoints/last.ckpt")))
+    readable = ImageDataModule(copy, num_workers=0, batch_size=len(split.val_set))
+    readable.setup("validate")
+    with pytest.warns(UserWarning, match="Skipping the unreadable image"):
+        images, labels = readable.on_after_batch_transfer(next(iter(readable.val_dataloader())), 0)
+    assert len(labels) == len(split.val_set) - 2
+    with torch.no_grad():
+        expected = by_hand(model.eval()(images).double(), labels, "val")
+    assert logged == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_augmentations_differ_between_processes(in_project_copy, tiny_shapes, tmp_path, workers):
     # Every training image is the same picture, so the batches differ only by their augmentation.

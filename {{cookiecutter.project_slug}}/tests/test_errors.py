@@ -2,6 +2,7 @@
 
 import shutil
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -210,6 +211,50 @@ def test_a_yaml_syntax_error_names_the_file_and_line(monkeypatch, capsys, in_pro
     (in_project_copy / option[-1].split("=")[-1]).write_text("model:\n  backbone: resnet18\ndata: [1, 2\n")
     message = refusal(monkeypatch, capsys, *fit(tiny_shapes, *option))
     assert message.startswith(f"error: {option[-1].split('=')[-1]} line 4, column 1 is not valid YAML:"), message
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("# my overrides\n# data:\n#   batch_size: 8\n", "mine.yaml holds no settings (it is empty or all comments): "
+         "add one, or leave out --config mine.yaml"),
+        ("", "mine.yaml holds no settings (it is empty or all comments): add one, or leave out --config mine.yaml"),
+        ("- 8\n", "mine.yaml holds no settings (no `key: value` lines): add one, or leave out --config mine.yaml"),
+        ("data:\n", "mine.yaml: data: with no settings under it: add them, or delete the line"),
+    ],
+)  # fmt: skip
+def test_a_config_file_without_settings_is_named_with_the_fix(monkeypatch, capsys, in_project_copy, tiny_shapes, text,
+                                                               said):  # fmt: skip
+    # jsonargparse said "Unexpected config: " and the file's text, with neither the file's name nor a fix.
+    (in_project_copy / "mine.yaml").write_text(text)
+    assert refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml")) == f"error: {said}"
+
+
+@pytest.mark.parametrize(
+    "command, word, said",
+    [
+        ("fit", "best", "--ckpt_path best is the best checkpoint of a fit earlier in the same process: pass auto ("),
+        ("fit", "hpc", "--ckpt_path hpc is the checkpoint of Lightning's SLURM requeue, which this project does not "
+         "use: pass auto ("),
+        ("validate", "hpc", "--ckpt_path hpc is the checkpoint of Lightning's SLURM requeue, which this project does "
+         "not use: pass best or nothing ("),
+        ("test", "registry", "--ckpt_path registry: Lightning's model registry needs the litmodels package "
+         "(pip install litmodels); else pass best or nothing ("),
+    ],
+)  # fmt: skip
+def test_lightnings_own_ckpt_path_words_that_do_nothing_here_are_refused_in_one_line(
+    monkeypatch, capsys, in_project_copy, tiny_shapes, command, word, said
+):
+    # --help offered them, and each ended in a traceback (registry after making a run folder).
+    if word == "registry" and find_spec("litmodels"):
+        pytest.skip("litmodels is installed: Lightning reads its registry")
+    message = refusal(monkeypatch, capsys, command, *ON_CPU, *on_data(tiny_shapes), f"--ckpt_path={word}")
+    assert message.startswith(f"error: {said}"), message
+    assert not (in_project_copy / "runs").exists()
+    with pytest.raises(SystemExit):
+        run_cli(monkeypatch, command, "--help")
+    help_text = capsys.readouterr().out
+    assert "hpc" not in help_text and ("auto (continue the newest run" in help_text) == (command == "fit")
 
 
 def test_checkpoint_paths_are_checked_before_anything_reads_them(tmp_path):

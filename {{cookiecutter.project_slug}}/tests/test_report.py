@@ -17,6 +17,12 @@ def test_a_folder_without_runs_is_refused(monkeypatch, capsys, tmp_path):
     assert "No run under" in refusal(monkeypatch, capsys, "report", "--runs", str(tmp_path))
 
 
+def test_an_abbreviated_option_is_refused_as_fits_are(monkeypatch, capsys, tmp_path):
+    # argparse took --ru for --runs (as each command's own parser did), where fit refuses abbreviations.
+    message = refusal(monkeypatch, capsys, "report", "--ru", str(tmp_path))
+    assert message.startswith("error: unrecognized argument --ru: did you mean --runs?"), message
+
+
 def test_outside_the_project_the_runs_are_not_searched_for_in_every_folder_below(monkeypatch, capsys, tmp_path):
     # Its configs say where fit puts runs: without them, report took a run anywhere under the folder it ran in.
     (tmp_path / "elsewhere" / "checkpoints").mkdir(parents=True)

@@ -44,9 +44,9 @@ def val_loss(monkeypatch, project, *args: str) -> float:
 
 
 def shapes_and_two_epochs(tmp_path, lr: float) -> tuple[list[str], list[str]]:
-    """Options for 240 training images of the shapes (30 batches an epoch) at model.lr `lr`, and those
-    for a two-epoch fit of them."""
-    shapes = draw_shapes_dataset(tmp_path / "shapes", images_per_class={"train": 40, "val": 4}, size=32)
+    """Options for 246 training images of the shapes (31 batches an epoch: the last, of 6, is kept) at
+    model.lr `lr`, and those for a two-epoch fit of them."""
+    shapes = draw_shapes_dataset(tmp_path / "shapes", images_per_class={"train": 41, "val": 4}, size=32)
     options = [*ON_CPU, *tiny(shapes), f"--model.lr={lr}"]
     return options, [*options, "--trainer.max_epochs=2", "--trainer.num_sanity_val_steps=0"]
 
@@ -56,7 +56,9 @@ def test_on_the_shapes_data_the_default_rate_is_kept(monkeypatch, capsys, in_pro
     # scratch on the shapes has not started to learn within the range test, and the test says so.
     options, _ = shapes_and_two_epochs(tmp_path, 2e-3)
     run_command(monkeypatch, "tune", "lr", "--steps=100", "--epochs=2", *options, status=1)
-    assert "The loss never fell by 5% in the range test (curve: runs/tune/lr_find.png)" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "The loss never fell by 5% in the range test (curve: runs/tune/lr_find.png)" in said
+    assert "(one is 31 steps)" in said, said  # as fit counts them: 246 // 8 dropped the last batch
     assert "model" not in tuned(in_project_copy)
     assert (in_project_copy / "runs" / "tune" / "lr_find.png").is_file()
     assert not (in_project_copy / "reports").exists(), "a tuning run keeps no report"

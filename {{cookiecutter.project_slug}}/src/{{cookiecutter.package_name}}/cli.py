@@ -61,6 +61,7 @@ from .training.quiet import (
 )
 from .training.resume import (
     ALLOW_CHANGES,
+    CKPT_PATH_TAKES,
     EVALUATIONS,
     FIRST_WEIGHTS,
     LINKED,
@@ -69,6 +70,7 @@ from .training.resume import (
 {%- endif %}
     as_plain,
     check_checkpoint,
+    check_ckpt_path_word,
     chosen_runs,
 {%- if cookiecutter.logger == "wandb" %}
     configured_loggers,
@@ -241,6 +243,8 @@ class SuggestingParser(LightningArgumentParser):
             super().error(message, *args, **kwargs)  # with the usage, or raised for jsonargparse to handle
         if message.startswith("Problems parsing config"):
             message = yaml_syntax_error() or message
+        elif message.startswith("Unexpected config"):
+            message = config_without_settings() or message
         # A run's config.yaml from before a template update that moved modules: every class it names.
         named = "\n".join([message, *map(text_of, given_configs())])
         moved = [f"{old} is now {new}" for old, new in moved_names(named)]
@@ -504,6 +508,21 @@ def yaml_syntax_error() -> str | None:
     return None
 
 
+def config_without_settings() -> str | None:
+    """What jsonargparse calls an "Unexpected config" (and prints whole): a config file with no
+    settings (empty, or all comments), or with a section that has none (`data:` alone)."""
+    for path in given_configs():
+        if not (STARTED_IN[0] if STARTED_IN else Path()).joinpath(path).is_file():
+            continue  # a missing file is named apart
+        settings = settings_of(path)
+        if not isinstance(settings, dict):
+            what = "it is empty or all comments" if settings is None else "no `key: value` lines"
+            return f"{path} holds no settings ({what}): add one, or leave out --config {path}"
+        if empty := [f"{section}:" for section, value in settings.items() if value is None]:
+            return f"{path}: {', '.join(empty)} with no settings under it: add them, or delete the line"
+    return None
+
+
 class ClassifierCLI(LightningCLI):
     """LightningCLI with this project's parser rules and launcher watch, for every command that builds one."""
 
@@ -550,7 +569,16 @@ class ClassifierCLI(LightningCLI):
         super().parse_arguments(parser, args)
         # Before LightningCLI reads the checkpoint's hyperparameters with torch.load.
         config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        if self.config.get("subcommand") and config.get("ckpt_path") is not None:
+            check_ckpt_path_word(config.ckpt_path, self.config.subcommand)
         check_checkpoint(config.get("ckpt_path"))
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        # Lightning's help names its own words (hpc, registry), which do nothing here, and not auto.
+        ckpt_path = next(action for action in parser._actions if action.dest == "ckpt_path")
+        ckpt_path.help = CKPT_PATH_TAKES["fit" if subcommand == "fit" else "evaluation"] + "."
+        return parser
 
     def _parse_ckpt_path(self) -> None:
         # Lightning builds the model of a checkpoint file from its hyperparameters, over the options:

@@ -413,7 +413,7 @@ class ImageDataModule(L.LightningDataModule):
         return f"at {self.data_dir / 'test'}"
 
     def _evaluation_loader(self, dataset: Dataset) -> DataLoader:
-        return self._loader(dataset, sampler=self._evaluation_sampler(dataset))
+        return self._loader(dataset, sampler=self._evaluation_sampler(dataset), evaluated=True)
 
     def _evaluation_sampler(self, dataset: Dataset) -> Sampler | None:
         """Under DDP, each image once across processes. Lightning's DistributedSampler pads the
@@ -431,7 +431,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         self.predicted_split = "test" if self.test_set is not None else "val"
-        return self._loader(self._named_split(self.predicted_split))
+        return self._loader(self._named_split(self.predicted_split), evaluated=True)
 
     def _named_split(self, name: str) -> Dataset:
         """A split's images, each with its path in place of its label."""
@@ -503,15 +503,23 @@ class ImageDataModule(L.LightningDataModule):
                 if evaluated is not None:
                     evaluated.image_transform = trained.eval_transform()
 
-    def _loader(self, dataset: Dataset, drop_last: bool = False, sampler: Sampler | None = None) -> DataLoader:
+    def _loader(
+        self, dataset: Dataset, drop_last: bool = False, sampler: Sampler | None = None, evaluated: bool = False
+    ) -> DataLoader:
+        """`evaluated`: a batch whose images are all unreadable comes empty rather than as an error."""
         workers = self.worker_count()
+        collate = collate_readable
+        if evaluated:  # image_size squares, with paths (predict) or labels
+            size, labels = self.preprocessing.image_size, () if dataset.named else torch.zeros(0, dtype=torch.long)
+            empty = [torch.zeros(0, 3, size, size, dtype=torch.uint8), labels]
+            collate = functools.partial(collate_readable, empty=empty)
         return self.loader_class(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
             drop_last=drop_last,
             num_workers=workers,
-            collate_fn=collate_readable,
+            collate_fn=collate,
             # Page-locked host memory only speeds up copies to a CUDA device.
             pin_memory=self._on_cuda(),
             # Workers that outlive an epoch skip restarting and re-reading the file list each epoch.
@@ -636,7 +644,8 @@ class StreamingDataModule(ImageDataModule):
     def _evaluation_loader(self, dataset: Dataset) -> DataLoader:
         # LitData splits the images between processes: see ImageDataModule._evaluation_sampler for why
         # sharded strategies drop the few that would make one process's share longer.
-        return self._loader(dataset, drop_last=self.trainer is not None and shards_weights(self.trainer.strategy))
+        sharded = self.trainer is not None and shards_weights(self.trainer.strategy)
+        return self._loader(dataset, drop_last=sharded, evaluated=True)
 
     def _position_in_epoch(self) -> dict | None:
         """The loader's state where a checkpoint interrupts an epoch. Lightning saves it too but loads

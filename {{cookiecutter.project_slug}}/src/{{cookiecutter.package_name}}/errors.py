@@ -47,7 +47,8 @@ class CommandParser(argparse.ArgumentParser):
     CLI's do: in one line, `error: <message>`, rather than argparse's usage and then the message."""
 
     def __init__(self, prog: str, **kwargs) -> None:
-        super().__init__(prog=f"python -m {prog}", **kwargs)  # so that --help's usage line runs as it is
+        # The usage line runs as it is; an abbreviation would be taken for an option, as fit takes none.
+        super().__init__(prog=f"python -m {prog}", allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} ({self.prog} --help lists the arguments)")

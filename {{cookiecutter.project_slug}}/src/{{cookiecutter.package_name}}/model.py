@@ -264,11 +264,14 @@ class ImageClassifier(L.LightningModule):
         stage: str,
     ) -> None:
         images, labels = batch
+        # A batch whose every image was unreadable comes empty: its forward still runs, since sharded
+        # strategies gather the weights in each, but metrics take no update (torchmetrics fails on none).
         logits = self(images)
-        confusion.update(logits, labels)
-        # Plain cross-entropy, so evaluation losses compare across label-smoothing settings.
-        mean_loss.update(F.cross_entropy(logits, labels, reduction="none"))
-        metrics.update(logits, labels)
+        if len(labels):
+            confusion.update(logits, labels)
+            # Plain cross-entropy, so evaluation losses compare across label-smoothing settings.
+            mean_loss.update(F.cross_entropy(logits, labels, reduction="none"))
+            metrics.update(logits, labels)
         # Metric objects sync their states across processes when computed at epoch end, so every
         # rank logs the same values: those one process would compute over all the images.
         self.log(f"{stage}/loss", mean_loss, on_epoch=True)

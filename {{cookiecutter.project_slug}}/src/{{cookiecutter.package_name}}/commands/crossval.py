@@ -166,7 +166,7 @@ def run(
 
 def parser_for(command: str, description: str) -> argparse.ArgumentParser:
     parser = CommandParser(prog=f"{PACKAGE} {command}", description=description)
-    parser.add_argument("--name", help="the folder under cv/ (default: from the folds and seeds)")
+    parser.add_argument("--name", help="the folder under cv/ (default: from the folds, and whether seeds are given)")
     parser.add_argument(
         "--gpus-per-trial", type=int, choices=[1], help="1: one process per visible GPU, sharing the runs"
     )
@@ -183,7 +183,8 @@ def main(args: list[str]) -> int:
     )
     options, cli_args = parser.parse_known_args(args)
     parser.check_at_least(options, {"--folds": 2})
-    name = options.name or f"folds{options.folds}" + (f"-seeds{len(options.seeds)}" if options.seeds else "")
+    # Not named by the count of seeds: more seeds with the same options add runs to those kept.
+    name = options.name or f"folds{options.folds}" + ("-seeds" if options.seeds else "")
     return run("cv", args, options.folds, options.seeds, name, options.gpus_per_trial, cli_args)
 
 
@@ -191,5 +192,5 @@ def repeat(args: list[str]) -> int:
     parser = parser_for("repeat", "The same run with each seed, and the mean ± std of each metric.")
     parser.add_argument("--seeds", type=seed_list, required=True, help="the seeds, as 0,1,2")
     options, cli_args = parser.parse_known_args(args)
-    name = options.name or f"seeds{len(options.seeds)}"
+    name = options.name or "seeds"
     return run("repeat", args, None, options.seeds, name, options.gpus_per_trial, cli_args)

@@ -78,9 +78,7 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
         )
         return 1
     if found is None:
-        epoch = len(cli.datamodule.train_set) // (cli.datamodule.batch_size * trainer.world_size)
-        limit = trainer.limit_train_batches  # a count of batches, or a fraction of them
-        epoch = min(epoch, limit) if isinstance(limit, int) else int(epoch * limit)
+        epoch = trainer.num_training_batches  # as the range test's fit counted them (a short last batch kept)
         ended = "" if len(rates) == steps else f" (trainer.max_epochs ended it after {len(rates)} of {steps})"
         print(
             f"The loss never fell by {FALL:.0%} in the range test{ended} (curve: {LR_CURVE}): the model had not "

@@ -103,15 +103,20 @@ def labelled_image(
     return transform(image), label
 
 
-def collate_readable(samples: list) -> list[torch.Tensor]:
-    """A batch of the samples that could be read (unreadable ones come as None)."""
+def collate_readable(samples: list, empty: list | None = None) -> list:
+    """A batch of the samples that could be read (unreadable ones come as None). With none readable,
+    `empty` where given: an evaluation's process still runs the batch, on no images, since under a
+    sharded strategy every process gathers the weights in each forward (and one process's share of
+    a small split may be all unreadable). A training step on no images would have no loss."""
     readable = [sample for sample in samples if sample is not None]
-    if not readable:
-        raise UnreadableImageError(
-            f"Every image of a batch ({len(samples)}) was unreadable, with nothing left to train or evaluate on: "
-            "remove or replace the files the warnings above name, or set a larger data.batch_size."
-        )
-    return default_collate(readable)
+    if readable:
+        return default_collate(readable)
+    if empty is not None:
+        return empty
+    raise UnreadableImageError(
+        f"Every image of a training batch ({len(samples)}) was unreadable, with nothing to train on: remove or "
+        "replace the files the warnings above name, or set a larger data.batch_size."
+    )
 
 
 def first_readable(paths: list[str]) -> str | None:

@@ -13,6 +13,7 @@ import os
 import shlex
 import time
 import zipfile
+from importlib.util import find_spec
 from pathlib import Path
 from typing import NoReturn
 
@@ -63,6 +64,13 @@ RESUME_WORDS = ("auto", "last")
 EVALUATIONS = ("validate", "test", "predict")
 # What Lightning itself takes for ckpt_path besides a path.
 LIGHTNING_WORDS = ("best", "hpc", "registry")
+# What each command here takes, for --help and for a word it does not take.
+CKPT_PATH_TAKES = {
+    "fit": "auto (continue the newest run that did not finish, or start one), last (train the newest run "
+    "further) or a checkpoint file (a new run from its weights, epoch and optimizer)",
+    "evaluation": "best or nothing (the newest run's best checkpoint), last (the newest run's last.ckpt) or a "
+    "checkpoint file",
+}
 
 
 def resolve_resume(config: Namespace, subcommand: str, defaults: dict[str, dict]) -> bool:
@@ -374,6 +382,20 @@ def run_of(ckpt_path: str | None, logger: Namespace | None) -> str | None:
     checkpoints = Path(ckpt_path).resolve().parent
     in_a_run = checkpoints.name == "checkpoints" and checkpoints.parent.parent == run_root(logger).resolve()
     return checkpoints.parent.name if in_a_run else None
+
+
+def check_ckpt_path_word(ckpt_path: str | None, subcommand: str) -> None:
+    """Refuse those of Lightning's words for ckpt_path that do nothing here but fail with a traceback."""
+    word = str(ckpt_path).lower()
+    takes = f"pass {CKPT_PATH_TAKES['fit' if subcommand == 'fit' else 'evaluation']}"
+    if word == "best" and subcommand == "fit":
+        raise ConfigError(f"--ckpt_path best is the best checkpoint of a fit earlier in the same process: {takes}.")
+    if word == "hpc":  # scripts/slurm.sbatch's requeue (on SIGTERM) goes on with auto
+        raise ConfigError(f"--ckpt_path hpc is the checkpoint of Lightning's SLURM requeue, which this project does "
+                          f"not use: {takes}.")  # fmt: skip
+    if (word == "registry" or word.startswith("registry:")) and find_spec("litmodels") is None:
+        raise ConfigError(f"--ckpt_path {ckpt_path}: Lightning's model registry needs the litmodels package "
+                          f"(pip install litmodels); else {takes}.")  # fmt: skip
 
 
 def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path"{{ ", takes_onnx: bool = False" if cookiecutter.inference == "yes" }}) -> None:
