@@ -257,23 +257,28 @@ def test_every_logged_metric_is_over_every_image_once(in_project_copy, uneven_sh
         assert logged[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
+@pytest.mark.parametrize("preset", ["ddp", "fsdp"])
 def test_a_process_whose_validation_batch_is_all_unreadable_validates_with_the_others(in_project_copy, tiny_shapes,
-                                                                                        tmp_path):  # fmt: skip
+                                                                                        tmp_path, preset):  # fmt: skip
     # The validation images are dealt to the two processes in turn: the first and third go to the first
     # process, whose first batch of two was then all unreadable, and the run stopped with the training's
-    # error (one process alone skips them and goes on).
+    # error (one process alone skips them and goes on). Under FSDP that process's forward must still run.
     copy = tmp_path / "data"
     shutil.copytree(tiny_shapes, copy)
     split = ImageDataModule(copy, num_workers=0)
     split.setup("validate")
     for path, _ in split.val_set.samples[0:3:2]:
         Path(path).write_bytes(b"not an image at all")
-    fit(in_project_copy, "--config=configs/trainer/ddp.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
+    fit(in_project_copy, f"--config=configs/trainer/{preset}.yaml", *ON_CPU, "--trainer.devices=2", *CSV_LOGGER,
         "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", *data(copy, 2))  # fmt: skip
     (metrics,) = (in_project_copy / "runs" / "dist").glob("*/metrics.csv")
     logged = {name: float(value) for row in csv.DictReader(metrics.open()) for name, value in row.items()
               if value and name.startswith("val/")}  # fmt: skip
-    model = ImageClassifier.load_from_checkpoint(next(in_project_copy.glob("runs/dist/*/checkpoints/last.ckpt")))
+    (last,) = in_project_copy.glob("runs/dist/*/checkpoints/last.ckpt")
+    if last.is_dir():  # FSDP's shards
+        fit(in_project_copy, str(last), str(in_project_copy / "model.ckpt"), command="consolidate")
+        last = in_project_copy / "model.ckpt"
+    model = ImageClassifier.load_from_checkpoint(last, map_location="cpu")
     readable = ImageDataModule(copy, num_workers=0, batch_size=len(split.val_set))
     readable.setup("validate")
     with pytest.warns(UserWarning, match="Skipping the unreadable image"):

@@ -217,17 +217,27 @@ def test_a_yaml_syntax_error_names_the_file_and_line(monkeypatch, capsys, in_pro
     "text, said",
     [
         ("# my overrides\n# data:\n#   batch_size: 8\n", "mine.yaml holds no settings (it is empty or all comments): "
-         "add one, or leave out --config mine.yaml"),
-        ("", "mine.yaml holds no settings (it is empty or all comments): add one, or leave out --config mine.yaml"),
-        ("- 8\n", "mine.yaml holds no settings (no `key: value` lines): add one, or leave out --config mine.yaml"),
-        ("data:\n", "mine.yaml: data: with no settings under it: add them, or delete the line"),
+         "add some, or leave out --config mine.yaml"),
+        ("", "mine.yaml holds no settings (it is empty or all comments): add some, or leave out --config mine.yaml"),
+        ("- 8\n", "mine.yaml holds no settings (no `key: value` lines): add some, or leave out --config mine.yaml"),
+        ("data:\n", "mine.yaml holds no settings (data: with nothing under it): add some, or leave out --config "
+         "mine.yaml"),
     ],
 )  # fmt: skip
 def test_a_config_file_without_settings_is_named_with_the_fix(monkeypatch, capsys, in_project_copy, tiny_shapes, text,
                                                                said):  # fmt: skip
     # jsonargparse said "Unexpected config: " and the file's text, with neither the file's name nor a fix.
+    # A run's config.yaml given before it, with its sections set to null, is not the one named.
     (in_project_copy / "mine.yaml").write_text(text)
-    assert refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=mine.yaml")) == f"error: {said}"
+    (in_project_copy / "run.yaml").write_text("optimizer: null\nlr_scheduler: null\nckpt_path: null\n")
+    message = refusal(monkeypatch, capsys, *fit(tiny_shapes, "--config=run.yaml", "--config=mine.yaml"))
+    assert message == f"error: {said}"
+
+
+def test_an_emptied_default_config_is_named_with_the_fix_for_it(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    (in_project_copy / "configs" / "default.yaml").write_text("# all set aside\n")
+    said = "configs/default.yaml holds no settings (it is empty or all comments): add some, or restore it (every "
+    assert refusal(monkeypatch, capsys, *fit(tiny_shapes)) == f"error: {said}command reads it)"
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import litdata
@@ -225,6 +226,20 @@ if __name__ == "__main__":
     assert sorted(named) == [("train/cat/truncated.png", images, "image file is truncated"),
                              ("train/dog/garbage.jpg", images, "not an image format that torchvision or PIL reads")
                              ], done.stderr[-3000:]  # fmt: skip
+
+
+def test_a_streamed_evaluation_batch_of_unreadable_images_alone_comes_empty(monkeypatch, tmp_path):
+    # As in the folder format (test_data.py): an evaluation goes on past it, a training run stops.
+    make_folder(tmp_path / "images" / "train", {"cat": 2, "dog": 2})
+    with_broken_images(tmp_path / "images" / "val")
+    run_command(monkeypatch, "shard", str(tmp_path / "images"), str(tmp_path / "shards"), "--workers=1")
+    data = ImageDataModule(tmp_path / "shards", format="streaming", num_workers=0, batch_size=1, image_size=32)
+    data.setup("validate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batches = list(data.val_dataloader())
+    assert sorted(len(labels) for _, labels in batches) == [0, 0, *[1] * 8]
+    assert {(images.shape[1:], images.dtype) for images, _ in batches} == {((3, 32, 32), torch.uint8)}
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs a second file system: /dev/shm")

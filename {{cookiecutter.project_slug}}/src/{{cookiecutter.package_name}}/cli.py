@@ -244,7 +244,7 @@ class SuggestingParser(LightningArgumentParser):
         if message.startswith("Problems parsing config"):
             message = yaml_syntax_error() or message
         elif message.startswith("Unexpected config"):
-            message = config_without_settings() or message
+            message = config_without_settings(message) or message
         # A run's config.yaml from before a template update that moved modules: every class it names.
         named = "\n".join([message, *map(text_of, given_configs())])
         moved = [f"{old} is now {new}" for old, new in moved_names(named)]
@@ -508,18 +508,24 @@ def yaml_syntax_error() -> str | None:
     return None
 
 
-def config_without_settings() -> str | None:
-    """What jsonargparse calls an "Unexpected config" (and prints whole): a config file with no
-    settings (empty, or all comments), or with a section that has none (`data:` alone)."""
+def config_without_settings(message: str) -> str | None:
+    """The config file of jsonargparse's "Unexpected config: <its text>": one with no settings (empty,
+    all comments), or a lone `key:`, which jsonargparse takes for text rather than settings."""
+    content = " ".join(message.partition("Unexpected config:")[2].split())
     for path in given_configs():
         if not (STARTED_IN[0] if STARTED_IN else Path()).joinpath(path).is_file():
             continue  # a missing file is named apart
+        if " ".join(text_of(path).split()) != content:
+            continue
         settings = settings_of(path)
-        if not isinstance(settings, dict):
-            what = "it is empty or all comments" if settings is None else "no `key: value` lines"
-            return f"{path} holds no settings ({what}): add one, or leave out --config {path}"
-        if empty := [f"{section}:" for section, value in settings.items() if value is None]:
-            return f"{path}: {', '.join(empty)} with no settings under it: add them, or delete the line"
+        if settings is None:
+            what = "it is empty or all comments"
+        elif isinstance(settings, dict):
+            what = f"{', '.join(f'{key}:' for key in settings)} with nothing under it"
+        else:
+            what = "no `key: value` lines"
+        fix = "restore it (every command reads it)" if Path(path) in DEFAULT_CONFIGS else f"leave out --config {path}"
+        return f"{path} holds no settings ({what}): add some, or {fix}"
     return None
 
 

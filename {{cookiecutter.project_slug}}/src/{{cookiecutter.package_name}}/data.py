@@ -510,7 +510,8 @@ class ImageDataModule(L.LightningDataModule):
         workers = self.worker_count()
         collate = collate_readable
         if evaluated:  # image_size squares, with paths (predict) or labels
-            size, labels = self.preprocessing.image_size, () if dataset.named else torch.zeros(0, dtype=torch.long)
+            labels = () if getattr(dataset, "named", False) else torch.zeros(0, dtype=torch.long)
+            size = self.preprocessing.image_size
             empty = [torch.zeros(0, 3, size, size, dtype=torch.uint8), labels]
             collate = functools.partial(collate_readable, empty=empty)
         return self.loader_class(

@@ -78,7 +78,8 @@ def find_lr(cli, cli_args: list[str], steps: int, epochs: int, write: bool) -> i
         )
         return 1
     if found is None:
-        epoch = trainer.num_training_batches  # as the range test's fit counted them (a short last batch kept)
+        # As fit counts them: batches (a short last one kept) over those accumulated into each step.
+        epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         ended = "" if len(rates) == steps else f" (trainer.max_epochs ended it after {len(rates)} of {steps})"
         print(
             f"The loss never fell by {FALL:.0%} in the range test{ended} (curve: {LR_CURVE}): the model had not "

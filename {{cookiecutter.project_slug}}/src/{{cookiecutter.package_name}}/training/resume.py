@@ -386,7 +386,7 @@ def run_of(ckpt_path: str | None, logger: Namespace | None) -> str | None:
 
 def check_ckpt_path_word(ckpt_path: str | None, subcommand: str) -> None:
     """Refuse those of Lightning's words for ckpt_path that do nothing here but fail with a traceback."""
-    word = str(ckpt_path).lower()
+    word = str(ckpt_path)  # Lightning's words are lower case: Best is a file
     takes = f"pass {CKPT_PATH_TAKES['fit' if subcommand == 'fit' else 'evaluation']}"
     if word == "best" and subcommand == "fit":
         raise ConfigError(f"--ckpt_path best is the best checkpoint of a fit earlier in the same process: {takes}.")
