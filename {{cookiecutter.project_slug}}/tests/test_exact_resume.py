@@ -10,6 +10,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,6 +148,7 @@ def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_re
     data = [*on_data(tiny_shapes), "--data.num_workers=2", f"--trainer.val_check_interval={val_check_interval}",
             *RECIPES[recipe]]  # fmt: skip
     fit(*data, *logged_to("whole"))
+    uninterrupted = epoch_line(capsys.readouterr().out, 0)
     sigterm = json.dumps({"class_path": "helper_callbacks.SigtermInValidation", "init_args": {"epoch": 0}})
     fit(*data, *logged_to("parts"), f"--trainer.callbacks+={sigterm}")
     (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
@@ -156,7 +158,13 @@ def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_re
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
-    assert " 0 img/s" not in capsys.readouterr().out, "a rate where no training image was seen"
+    resumed = capsys.readouterr().out
+    assert " 0 img/s" not in resumed, "a rate where no training image was seen"
+    # The epoch's line gave the restored optimizer's rate, the next step's, as the epoch's. (Its train/
+    # numbers, which the model logs after the line is printed, are left out; the loggers have them.)
+    shown = epoch_line(resumed, 0)
+    trained = val_check_interval < 1  # steps of the epoch follow the stop
+    assert shown == {name: value for name, value in uninterrupted.items() if trained or name.startswith("val/")}
     assert not [str(warning.message) for warning in warned if "before the ``update``" in str(warning.message)]
     whole, parts = last_checkpoint(Path("whole")), last_checkpoint(Path("parts"))
     assert_same_training(whole, parts)
@@ -166,6 +174,12 @@ def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_re
     best = [{name: state.get("best_model_score") for name, state in checkpoint["callbacks"].items()
              if name.startswith("ModelCheckpoint")} for checkpoint in (whole, parts)]  # fmt: skip
     assert best[0] and best[0] == best[1]
+
+
+def epoch_line(printed: str, epoch: int) -> dict[str, str]:
+    """The numbers of an epoch's line, as printed (not its rate of images nor its time)."""
+    (line,) = [line for line in printed.splitlines() if line.startswith(f"Epoch {epoch}/") and "  done  " in line]
+    return dict(re.findall(r"((?:train|val)/\S+|lr) (\S+)", line))
 
 
 def start_fit(groups, project: Path, *options: str) -> subprocess.Popen:

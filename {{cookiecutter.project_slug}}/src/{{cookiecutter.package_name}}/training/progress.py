@@ -107,8 +107,9 @@ class LogLines(ProgressBar):
             if not name.endswith("_step") and f"{name}_epoch" not in logged and not name.startswith("lr-")
         }
         # Read here, not from LearningRateMonitor, which may have logged none this epoch. A run resumed
-        # at the epoch's closing validation took no step of it: the optimizer's rates, as restored.
-        rates = self._rates or rates_of(trainer)
+        # at the epoch's closing validation took no step of it: no rate (the restored optimizer's is the
+        # next step's).
+        rates = self._rates
         if len(set(rates.values())) == 1:  # one number where the parameter groups agree
             metrics["lr"] = next(iter(rates.values()))
         else:
