@@ -250,13 +250,16 @@ def test_an_emptied_default_config_is_named_with_the_fix_for_it(monkeypatch, cap
          "not use: pass best or nothing ("),
         ("test", "registry", "--ckpt_path registry: Lightning's model registry needs the litmodels package "
          "(pip install litmodels); else pass best or nothing ("),
+        # Lightning takes registry words in any case
+        ("fit", "REGISTRY:my-model", "--ckpt_path REGISTRY:my-model: Lightning's model registry needs the "
+         "litmodels package (pip install litmodels); else pass auto ("),
     ],
 )  # fmt: skip
 def test_lightnings_own_ckpt_path_words_that_do_nothing_here_are_refused_in_one_line(
     monkeypatch, capsys, in_project_copy, tiny_shapes, command, word, said
 ):
     # --help offered them, and each ended in a traceback (registry after making a run folder).
-    if word == "registry" and find_spec("litmodels"):
+    if word.lower().startswith("registry") and find_spec("litmodels"):
         pytest.skip("litmodels is installed: Lightning reads its registry")
     message = refusal(monkeypatch, capsys, command, *ON_CPU, *on_data(tiny_shapes), f"--ckpt_path={word}")
     assert message.startswith(f"error: {said}"), message

@@ -61,7 +61,6 @@ from .training.quiet import (
 )
 from .training.resume import (
     ALLOW_CHANGES,
-    CKPT_PATH_TAKES,
     EVALUATIONS,
     FIRST_WEIGHTS,
     LINKED,
@@ -72,6 +71,7 @@ from .training.resume import (
     check_checkpoint,
     check_ckpt_path_word,
     chosen_runs,
+    ckpt_path_takes,
 {%- if cookiecutter.logger == "wandb" %}
     configured_loggers,
 {%- endif %}
@@ -583,7 +583,7 @@ class ClassifierCLI(LightningCLI):
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         # Lightning's help names its own words (hpc, registry), which do nothing here, and not auto.
         ckpt_path = next(action for action in parser._actions if action.dest == "ckpt_path")
-        ckpt_path.help = CKPT_PATH_TAKES["fit" if subcommand == "fit" else "evaluation"] + "."
+        ckpt_path.help = ckpt_path_takes(subcommand) + "."
         return parser
 
     def _parse_ckpt_path(self) -> None:

@@ -159,7 +159,6 @@ class ImageClassifier(L.LightningModule):
         self._optimizer_class: str | None = None  # configure_optimizers's, saved with each checkpoint
         self._resumed_random_state: dict | None = None  # a checkpoint's (training/random_state.py), for on_train_start
         self._resumed_train_metrics: dict | None = None  # the interrupted epoch's so far, for on_train_start
-        self._train_epoch_unlogged = False  # resumed into an epoch's end: no step left to log its metrics
         self._memory_format = torch.contiguous_format  # configure_model picks the training layout
         self.train_metrics = classification_metrics(num_classes, "train/")
         self.val_metrics = classification_metrics(num_classes, "val/")
@@ -195,17 +194,7 @@ class ImageClassifier(L.LightningModule):
         if not self.batch_mixing.enabled:
             self.train_metrics.update(logits, labels)
             self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
-        self._train_epoch_unlogged = False
         return losses.mean()
-
-    def on_train_epoch_end(self) -> None:
-        # A run resumed from a stop in an epoch's closing validation trains no step of the epoch, and
-        # Lightning logs only what a step logged: the epoch's numbers, restored, are logged here.
-        if self._train_epoch_unlogged:
-            self.log("train/loss_epoch", self.train_loss)
-            if not self.batch_mixing.enabled:
-                self.log_dict(self.train_metrics)
-            self._train_epoch_unlogged = False
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, self.val_metrics, self.val_loss, self.val_confusion, "val")
@@ -499,7 +488,12 @@ class ImageClassifier(L.LightningModule):
             if self.global_rank == 0:  # the sum over every process, to which each adds its own part
                 add_states(self._train_epoch_metrics(), self._resumed_train_metrics)
             self._resumed_train_metrics = None
-            self._train_epoch_unlogged = True
+            if self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+                # Resumed from a stop in the epoch's closing validation: no step is left to log the epoch's
+                # numbers, and logged at its end they would come after the progress callbacks read them.
+                self.log("train/loss_epoch", self.train_loss)
+                if not self.batch_mixing.enabled:
+                    self.log_dict(self.train_metrics)
         if self.trainer.ckpt_path is not None:
             self.resume_schedule()
             self.say_restored_lr()

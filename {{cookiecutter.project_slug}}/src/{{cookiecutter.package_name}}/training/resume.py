@@ -73,6 +73,16 @@ CKPT_PATH_TAKES = {
 }
 
 
+def ckpt_path_takes(subcommand: str) -> str:
+    return CKPT_PATH_TAKES["fit" if subcommand == "fit" else "evaluation"]
+
+
+def is_registry(ckpt_path: str | None) -> bool:
+    """Lightning's model registry words, `registry` and `registry:<model>`, in any case as Lightning takes them."""
+    word = str(ckpt_path).lower()
+    return word == "registry" or word.startswith("registry:")
+
+
 def resolve_resume(config: Namespace, subcommand: str, defaults: dict[str, dict]) -> bool:
     """Replace `auto` or `last` in `config.ckpt_path` by the run's last.ckpt (an evaluation's `best` or
     none by the newest run's best checkpoint), and point the logger at the run of the checkpoint, so
@@ -386,14 +396,14 @@ def run_of(ckpt_path: str | None, logger: Namespace | None) -> str | None:
 
 def check_ckpt_path_word(ckpt_path: str | None, subcommand: str) -> None:
     """Refuse those of Lightning's words for ckpt_path that do nothing here but fail with a traceback."""
-    word = str(ckpt_path)  # Lightning's words are lower case: Best is a file
-    takes = f"pass {CKPT_PATH_TAKES['fit' if subcommand == 'fit' else 'evaluation']}"
+    word = str(ckpt_path)  # Lightning compares best and hpc exactly: Best is a file
+    takes = f"pass {ckpt_path_takes(subcommand)}"
     if word == "best" and subcommand == "fit":
         raise ConfigError(f"--ckpt_path best is the best checkpoint of a fit earlier in the same process: {takes}.")
     if word == "hpc":  # scripts/slurm.sbatch's requeue (on SIGTERM) goes on with auto
         raise ConfigError(f"--ckpt_path hpc is the checkpoint of Lightning's SLURM requeue, which this project does "
                           f"not use: {takes}.")  # fmt: skip
-    if (word == "registry" or word.startswith("registry:")) and find_spec("litmodels") is None:
+    if is_registry(word) and find_spec("litmodels") is None:
         raise ConfigError(f"--ckpt_path {ckpt_path}: Lightning's model registry needs the litmodels package "
                           f"(pip install litmodels); else {takes}.")  # fmt: skip
 
@@ -402,7 +412,7 @@ def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path"{{ ", tak
     """Refuse a --ckpt_path that is no checkpoint, before anything reads it: torch.load would fail
     with an error that names neither (`KeyError: 101`, `Unsupported operand 35`).{{ " `takes_onnx`: the\n    command also takes an .onnx export (checked where it is read)." if cookiecutter.inference == "yes" }}"""
     words = (*RESUME_WORDS, *LIGHTNING_WORDS)
-    if ckpt_path is None or ckpt_path in words or str(ckpt_path).startswith("registry:") or is_remote(ckpt_path):
+    if ckpt_path is None or ckpt_path in words or is_registry(ckpt_path) or is_remote(ckpt_path):
         return  # Lightning's words, and remote files (s3://...) that Lightning reads through fsspec
     path = Path(ckpt_path)
     if not path.exists():
