@@ -259,6 +259,24 @@ def test_shard_writes_to_another_file_system_than_the_temporary_folders(monkeypa
     )
 
 
+def test_shard_into_a_folder_of_other_files_is_refused_and_into_its_own_goes_on(
+    monkeypatch, capsys, tiny_shapes, tmp_path
+):
+    # LitData's overwrite deletes the .bin files of each split's folder, whoever wrote them.
+    output = tmp_path / "work"
+    (output / "train").mkdir(parents=True)
+    (output / "train" / "weights.bin").write_bytes(b"mine")
+    (output / "notes.txt").write_text("mine")
+    said = f"error: The output {output} holds files that no shard run wrote (notes.txt, train/weights.bin): shard"
+    assert refusal(monkeypatch, capsys, "shard", str(tiny_shapes), str(output)).startswith(said)
+    assert (output / "train" / "weights.bin").read_bytes() == b"mine"
+    shutil.rmtree(output)
+    shard(monkeypatch, tiny_shapes, output)
+    (output / MANIFEST).unlink()  # a run cut short
+    shard(monkeypatch, tiny_shapes, output)
+    assert json.loads((output / MANIFEST).read_text())["splits"]["train"]["images"] > 0
+
+
 def test_a_folder_that_is_no_dataset_is_refused_in_one_line(monkeypatch, capsys, tmp_path):
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.jpg").write_bytes(b"")

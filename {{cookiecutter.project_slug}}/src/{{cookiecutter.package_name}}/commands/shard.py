@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..data import ImageDataModule, usable_cpus
 from ..datasets.folders import find_classes, split_samples, train_folder
-from ..datasets.streaming import check_storage, delete_manifest, join, write_manifest, write_split
+from ..datasets.streaming import MANIFEST, check_storage, delete_manifest, join, write_manifest, write_split
 from ..errors import PACKAGE, CommandParser, ConfigError, MissingError
 from ..hardware.network import is_remote
 
@@ -37,11 +37,31 @@ def byte_count(text: str) -> int:
     return count
 
 
+SPLITS = ("train", "val", "test")
+
+
+def check_output(output: str) -> None:
+    """Refuse a local output folder that holds files no shard run wrote: LitData's overwrite deletes
+    the .bin and index.json files in each split's folder, whoever wrote them."""
+    folder = Path(output)
+    if is_remote(output) or not folder.is_dir():
+        return
+    splits = [folder / split for split in SPLITS if (folder / split).is_dir()]
+    others = [entry for entry in folder.iterdir() if entry.name != MANIFEST and entry not in splits]
+    chunks = ("chunk-*.bin", "*index.json")  # LitData's names
+    others += [entry for split in splits for entry in split.iterdir() if not any(map(entry.match, chunks))]
+    if others:
+        shown = ", ".join(str(entry.relative_to(folder)) for entry in sorted(others)[:3])
+        raise ConfigError(f"The output {output} holds files that no shard run wrote ({shown}"
+                          f"{', ...' if len(others) > 3 else ''}): shard into a new or empty folder.")  # fmt: skip
+
+
 def shard(images: Path, output: str, val_fraction: float, split_seed: int, workers: int, chunk_bytes: int) -> dict:
     if not images.is_dir():
         raise MissingError(f"{images} is not a folder: give the image folder (class folders, or train/ and val/).")
     if not is_remote(output) and Path(output).resolve().is_relative_to(images.resolve()):
         raise ConfigError(f"The output {output} is inside the image folder {images}: write it elsewhere.")
+    check_output(output)
     check_storage(output)
     classes = find_classes(train_folder(images))
     splits = split_samples(images, classes, val_fraction, split_seed)
