@@ -20,14 +20,20 @@ from pathlib import Path
 ANSWERS = json.loads(r"""{{ cookiecutter | jsonify }}""")
 
 # Importing the project under one of these names would import the other package instead, or break it:
-# what any render imports (a template test keeps the list whole), the tools its extras install, and
-# the project's own test modules.
+# what any render's modules import, directly or through their dependencies (a template test keeps the
+# list whole), the tools its extras install, and the project's own test modules.
 TAKEN_NAMES = {
-    "boto3", "botocore", "conftest", "deepspeed", "fastapi", "helper_callbacks", "hatchling", "huggingface_hub",
-    "jsonargparse", "lightning", "lightning_fabric", "litdata", "litserve", "matplotlib", "moto", "multipart",
-    "numpy", "onnx", "onnxruntime", "onnxscript", "optuna", "optuna_integration", "packaging", "PIL", "pre_commit",
-    "pytest", "python_multipart", "pytorch_lightning", "rich", "ruff", "starlette", "tensorboard", "test", "tests",
-    "timm", "torch", "torchmetrics", "torchvision", "wandb", "xdist", "yaml",
+    "absl", "annotated_doc", "annotated_types", "anyio", "boto3", "botocore", "certifi", "charset_normalizer",
+    "click", "cloudpickle", "colorlog", "conftest", "cryptography", "cuda", "cycler", "dateutil", "deepspeed",
+    "docstring_parser", "fastapi", "filelock", "fontTools", "fsspec", "google", "hatchling", "helper_callbacks",
+    "huggingface_hub", "idna", "jmespath", "joblib", "jsonargparse", "kiwisolver", "lightning", "lightning_fabric",
+    "lightning_utilities", "litdata", "litserve", "matplotlib", "moto", "mpl_toolkits", "mpmath", "multipart",
+    "narwhals", "numpy", "onnx", "onnxruntime", "onnxscript", "opentelemetry", "optuna", "optuna_integration",
+    "packaging", "PIL", "platformdirs", "pre_commit", "psutil", "pydantic", "pydantic_core", "pyparsing", "pytest",
+    "python_multipart", "pytorch_lightning", "regex", "requests", "rich", "ruff", "s3transfer", "scipy", "six",
+    "sklearn", "sniffio", "starlette", "sympy", "tensorboard", "test", "tests", "threadpoolctl", "timm", "torch",
+    "torchgen", "torchmetrics", "torchvision", "tqdm", "triton", "typeshed_client", "typing_extensions",
+    "typing_inspection", "urllib3", "uvicorn", "wandb", "watchfiles", "xdist", "xxhash", "yaml", "zmq",
 }  # fmt: skip
 STDLIB = getattr(sys, "stdlib_module_names", frozenset({"json", "os", "sys", "re", "typing", "types", "io", "logging"}))
 
@@ -147,15 +153,20 @@ def problems(answers: dict[str, str]) -> list[str]:
             f"project_slug {slug!r} is not a valid folder and distribution name: use letters, digits, '-', '_' "
             "and '.', starting with a letter (e.g. project_slug=my-classifier)."
         )
-    if not package.isidentifier() or keyword.iskeyword(package) or package != package.lower():
+    if keyword.iskeyword(package):
+        found.append(
+            f"package_name {package!r} is a Python keyword: pick another (e.g. package_name={package}_classifier)."
+        )
+    elif not package.isidentifier() or package != package.lower():
         found.append(
             f"package_name {package!r} is not a valid lower-case Python identifier: use lower-case letters, "
             "digits and '_', starting with a letter (e.g. package_name=my_classifier)."
         )
     elif package in TAKEN_NAMES or package in STDLIB:
         found.append(
-            f"package_name {package!r} shadows the {'standard library' if package in STDLIB else 'dependency'} "
-            f"module of that name: pick another (e.g. package_name={package}_classifier)."
+            f"package_name {package!r} shadows the module of that name "
+            f"{'in the standard library' if package in STDLIB else 'that the project, its tools or tests use'}: "
+            f"pick another (e.g. package_name={package}_classifier)."
         )
     elif len(package) > LONGEST_PACKAGE:
         words = package.split("_")
@@ -206,8 +217,8 @@ if __name__ == "__main__":
     if found:
         # A failing hook is the only way cookiecutter offers to stop, and it follows with a traceback of its own.
         print(
-            "Nothing was written. Run cookiecutter again with the fixed answers "
-            "(the traceback cookiecutter prints next is its report of this refusal, not another problem).",
+            "Nothing was written. Run cookiecutter (or cruft) again with the fixed answers "
+            "(the traceback it prints next is its report of this refusal, not another problem).",
             file=sys.stderr,
         )
         sys.exit(1)

@@ -18,11 +18,12 @@ def run_cookiecutter(output_dir, env=None, **answers: str) -> subprocess.Complet
 REFUSED = [
     ({"project_name": "2fast"}, "project_slug '2fast' is not a valid"),
     ({"package_name": "my-classifier"}, "package_name 'my-classifier' is not a valid"),
-    ({"package_name": "class"}, "package_name 'class' is not a valid"),
-    ({"package_name": "torch"}, "shadows the dependency"),
-    ({"package_name": "wandb"}, "shadows the dependency"),
-    ({"package_name": "test"}, "shadows the dependency"),
-    ({"package_name": "json"}, "shadows the standard library"),
+    ({"package_name": "class"}, "package_name 'class' is a Python keyword: pick another"),
+    ({"package_name": "torch"}, "shadows the module of that name that the project, its tools or tests use"),
+    ({"package_name": "wandb"}, "shadows the module of that name that the project, its tools or tests use"),
+    ({"package_name": "test"}, "shadows the module of that name that the project, its tools or tests use"),
+    ({"package_name": "json"}, "shadows the module of that name in the standard library"),
+    ({"package_name": "fsspec"}, "shadows the module"),  # imported by Lightning: the project did not start
     ({"project_name": "Hyperspectral Crop Disease Classifier"}, "is 37 characters long, and the generated code"),
     ({"package_name": "torch_" + "a" * 30}, "(e.g. package_name=torch_aaaaaaaaaaaaaaaaaaaaaaaa)"),  # not torch itself
     ({"project_name": "!!!"}, "project_name '!!!' has no letters or digits to make a folder name from"),
@@ -48,8 +49,8 @@ REFUSED = [
     ({"devices": "\u00b2"}, "is neither a positive whole number nor auto"),
     ({"devices": "01"}, "devices '01' is neither"),
     # The project imported itself in place of the library.
-    ({"package_name": "timm"}, "shadows the dependency"),
-    ({"package_name": "matplotlib"}, "shadows the dependency"),
+    ({"package_name": "timm"}, "shadows the module of that name that the project, its tools or tests use"),
+    ({"package_name": "matplotlib"}, "shadows the module of that name that the project, its tools or tests use"),
     ({"backbone": "vit_b_16"}, "vit_b_16 takes 224-pixel images only, and image_size is 64: answer image_size=224."),
     ({"backbone": "inception_v3"}, "inception_v3 takes images of 75 pixels or more, and image_size is 64"),
     (
@@ -149,6 +150,20 @@ def test_every_library_a_render_imports_is_a_refused_package_name(full_project):
                 imported |= {alias.name.partition(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.partition(".")[0])
+    # And what those import in turn: a package named fsspec or tqdm broke Lightning's own imports.
+    package = next(path.name for path in full_project.glob("src/*"))
+    every_module = (
+        "import importlib, pkgutil, sys, wandb, torch.utils.tensorboard\n"
+        f"import {package}\n"
+        f"for module in pkgutil.walk_packages({package}.__path__, '{package}.'):\n"
+        "    importlib.import_module(module.name)\n"
+        "print(' '.join(sorted({name.partition('.')[0] for name in sys.modules})))"
+    )
+    result = run_bounded(
+        [sys.executable, "-c", every_module], 300, cwd=full_project, env=os.environ | {"PYTHONPATH": "src"}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported |= {name for name in result.stdout.split() if not name.startswith("_") and name != "cython_runtime"}
     libraries = imported - local - set(sys.stdlib_module_names)
     assert libraries - hook_constant("TAKEN_NAMES") == set(), "add them to TAKEN_NAMES in hooks/pre_gen_project.py"
 

@@ -85,6 +85,12 @@ def make_and_check(how: str, log: Path, smoke: bool) -> int:
 
 def make(how: str, log: Path) -> None:
     if how == "current":
+        if not new_enough():
+            raise StepFailed(
+                [sys.executable, "(requires-python in pyproject.toml)"],
+                f"this Python is {sys.version.split()[0]} and the project needs {OLDEST_PYTHON}+: run this with a "
+                "newer Python, or use uv or venv (which find one)",
+            )
         missing = unmet_requirements()
         if missing:
             fix = f"cd {PROJECT} && {sys.executable} -m pip install -e '.[dev]'"
@@ -168,7 +174,8 @@ def smoke_test(python: str, log: Path) -> list[str] | None:
     """The project's own smoke test, whose summary is the verdict: its lines when it passed, else None."""
     say(f"Smoke test: {PACKAGE} doctor --smoke (a fast_dev_run, then a two-batch fit and its checkpoint) ...", log)
     command = [python, "-m", PACKAGE, "doctor", "--smoke"]
-    env = os.environ | {"PYTHONPATH": f"src{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # for `current`
+    # src/ for `current`; no empty entry, which would put the working folder on the path too.
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, ["src", os.environ.get("PYTHONPATH")]))}
     with log.open("a") as file:
         file.write(f"\n$ {' '.join(command)}\n")
         file.flush()

@@ -411,7 +411,7 @@ def test_a_gif_and_a_jfif_are_read_from_the_class_folders_an_animated_gif_as_its
     frames[0].save(tmp_path / "cat" / "moving.gif", save_all=True, append_images=frames[1:], duration=100)
     Image.new("RGB", (12, 8), (0, 200, 0)).save(tmp_path / "dog" / "saved.jfif", format="JPEG")
     assert read_rgb(str(tmp_path / "cat" / "moving.gif")).shape == (3, 8, 12)
-    assert read_rgb((tmp_path / "cat" / "moving.gif").read_bytes()).shape == (3, 8, 12)  # as serve gets it
+    assert read_rgb((tmp_path / "cat" / "moving.gif").read_bytes()).shape == (3, 8, 12)  # its bytes, decoded alike
     assert read_rgb(str(tmp_path / "cat" / "moving.gif"))[0, 0, 0] > 150  # the first frame's red
     data = ImageDataModule(tmp_path, num_workers=0, val_fraction=0.3)
     data.setup("fit")

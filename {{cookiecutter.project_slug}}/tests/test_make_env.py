@@ -67,6 +67,19 @@ def test_current_names_each_dependency_missing_or_out_of_range(tmp_path):
     assert lacks in done.stdout, done.stdout
 
 
+def test_current_refuses_a_python_older_than_the_project_takes(tmp_path):
+    # It used this Python whatever requires-python said, and the smoke test passed on it.
+    script = copy_of_the_project_files(tmp_path)
+    pyproject = tmp_path / "pyproject.toml"
+    newer = f"3.{sys.version_info.minor + 1}"
+    requires = f'requires-python = ">={newer}"'
+    pyproject.write_text(re.sub(r'requires-python = ">=[^"]*"', requires, pyproject.read_text()))
+    done = subprocess.run([sys.executable, script, "current", "--smoke"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = f"Likely fix: this Python is {sys.version.split()[0]} and the project needs {newer}+: run this with a newer"
+    assert said in done.stdout and "smoke test not run" in done.stdout, done.stdout
+
+
 def test_a_ctrl_c_during_the_install_says_how_to_finish_it(tmp_path):
     script = copy_of_the_project_files(tmp_path)
     with socket.socket() as silent:  # an index that takes the connection and never answers
