@@ -90,6 +90,18 @@ def test_a_frozen_backbones_epoch_line_gives_it_the_rate_it_trained_at(capsys, t
     assert rates["backbone"] == rates["backbone_no_decay"] == 0 < rates["head"], frozen
 
 
+def test_a_fit_that_max_steps_ends_inside_an_epoch_says_where_it_stopped(capsys, tiny_shapes):
+    # Its line said "Epoch 0/9  done" after 3 of 5 steps, and again after a resume with more steps.
+    model = ImageClassifier(num_classes=6, backbone="resnet18", pretrained=False)
+    data = ImageDataModule(tiny_shapes, num_workers=0, batch_size=8, image_size=32)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=10, max_steps=7, limit_train_batches=5, limit_val_batches=1,
+                        logger=False, enable_checkpointing=False, enable_model_summary=False,
+                        callbacks=[LogLines()])  # fmt: skip
+    trainer.fit(model, data)
+    heads = re.findall(r"^Epoch (\d/9  (?:done|stopped at step \d/5))", capsys.readouterr().out, re.MULTILINE)
+    assert heads == ["0/9  done", "1/9  stopped at step 2/5"]
+
+
 def test_a_first_line_after_ten_steps_then_one_every_thirty_seconds_at_most(monkeypatch, capsys, tiny_shapes):
     clock = itertools.count(start=1.0, step=2.0)  # each reading two seconds after the last: 2 s a step
     monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=lambda: next(clock)))

@@ -118,7 +118,10 @@ class LogLines(ProgressBar):
         tail = f"{elapsed:.0f} s"
         if self._epoch_images:  # none where a resumed run starts at the epoch's closing validation
             tail = f"{self._epoch_images / max(self._train_seconds, 1e-9):.0f} img/s  {tail}"
-        self._print(f"{self._epoch(trainer)}  done", metrics, tail)
+        batches, done = self.total_train_batches, trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        # max_steps can end the fit inside an epoch: the line says how far it went.
+        end = f"stopped at step {done}/{batches}" if math.isfinite(batches) and done < batches else "done"
+        self._print(f"{self._epoch(trainer)}  {end}", metrics, tail)
 
     def _epoch(self, trainer: L.Trainer) -> str:
         # Counted from 0 to max_epochs - 1, as the checkpoint names and Lightning's bars count them.
