@@ -89,10 +89,15 @@ class RecordProcess(L.Callback):
             self.seen["first_lrs"] = {group.get("name", str(index)): group["lr"] for index, group in enumerate(groups)}
 
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
-        if trainer.sanity_checking:
-            return
-        metrics = {name: float(value) for name, value in trainer.callback_metrics.items() if name.startswith("val/")}
-        self.seen["val"] = metrics
+        if not trainer.sanity_checking:
+            self._record(trainer, "val")
+
+    def on_test_end(self, trainer: L.Trainer, pl_module) -> None:
+        self._record(trainer, "test")
+
+    def _record(self, trainer: L.Trainer, stage: str) -> None:
+        logged = trainer.callback_metrics.items()
+        self.seen[stage] = {name: float(value) for name, value in logged if name.startswith(f"{stage}/")}
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
 

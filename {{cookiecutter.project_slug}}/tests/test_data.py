@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -88,6 +89,34 @@ def test_single_folder_is_split_per_class(tmp_path):
     assert Counter(label for _, label in data.val_set.samples) == {0: 2, 1: 1}
     assert len(data.train_set) + len(data.val_set) == 15
     assert not {p for p, _ in data.train_set.samples} & {p for p, _ in data.val_set.samples}
+
+
+@pytest.mark.parametrize("split", ["held out", "folds"])
+def test_a_copy_with_accents_spelled_as_macos_spells_them_splits_alike(tmp_path, split):
+    # The held-out images of "Grüne Äpfel" differed: a run validated on images it had trained on.
+    def images_of(form: str) -> dict[str, list[str]]:
+        root = tmp_path / form
+        for name in ("Grüne Äpfel", "Birnen"):
+            folder = root / unicodedata.normalize(form, name)
+            folder.mkdir(parents=True)
+            for word in ("Äpfel", "Öl", "Zürich", "Ende", "Anfang", "Übel", "Ort", "Ähre", "Bär", "Ei"):
+                Image.new("RGB", (8, 8)).save(folder / unicodedata.normalize(form, f"{word}.png"))
+        data = ImageDataModule(
+            root, val_fraction=0.3, num_workers=0, **({"num_folds": 3, "fold": 1} if split == "folds" else {})
+        )
+        data.setup("fit")
+        return {name: [unicodedata.normalize("NFC", os.path.relpath(path, root)) for path, _ in dataset.samples]
+                for name, dataset in (("train", data.train_set), ("val", data.val_set))}  # fmt: skip
+
+    assert images_of("NFD") == images_of("NFC")
+
+
+def test_a_class_named_as_a_split_is_a_class(tmp_path):
+    # A Train class beside bus and car was read as the training split: "Train has 0 class folder(s)".
+    data = ImageDataModule(make_folder(tmp_path, {"bus": 5, "car": 5, "Train": 5}), num_workers=0)
+    data.setup("fit")
+    assert data.class_names == ["Train", "bus", "car"]
+    assert len(data.train_set) + len(data.val_set) == 15
 
 
 def test_train_val_test_folders_are_used_as_they_are(tiny_shapes):
@@ -473,6 +502,13 @@ def test_unreadable_images_are_skipped_with_a_warning_naming_them(tmp_path):
     skipped = [str(w.message) for w in caught if "unreadable image" in str(w.message)]
     assert any("garbage.jpg" in message for message in skipped)
     assert len(labels) == len(data.train_set) - len(skipped)
+
+
+def test_an_empty_file_is_said_to_be_empty(tmp_path):
+    (tmp_path / "photo.jpg").write_bytes(b"")
+    for source in (str(tmp_path / "photo.jpg"), b""):
+        with pytest.raises(OSError, match="^an empty file$"):  # not "not an image format"
+            read_rgb(source)
 
 
 def test_an_image_too_large_for_pil_is_skipped_as_unreadable(monkeypatch, tmp_path):

@@ -390,6 +390,14 @@ def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_co
     assert rank0["val"] == rank1["val"]
     (sharded,) = (in_project_copy / "runs" / "dist").glob("*/checkpoints/last.ckpt")
     assert sharded.is_dir(), "FSDP2 writes one shard per process into a checkpoint folder"
+    # Evaluated without its preset, it ended in a traceback from each process.
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "test", *ON_CPU, "--trainer.devices=2",
+               *CSV_LOGGER, *data(uneven_shapes)]  # fmt: skip
+    refused = run_group(command, TIMEOUT, cwd=in_project_copy, env=command_env())
+    last = refused.stderr.strip().splitlines()[-1]
+    consolidate = f"consolidate {sharded.relative_to(in_project_copy)} model.ckpt` and pass that."
+    assert refused.returncode == 1 and last.startswith("error: ") and last.endswith(consolidate), refused.stderr
+    assert "is a sharded checkpoint, which loads under the strategy that wrote it: pass its preset" in last
 
     single_file = in_project_copy / "model.ckpt"
     fit(in_project_copy, str(sharded), str(single_file), command="consolidate")
@@ -405,6 +413,18 @@ def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_co
     correct = (probabilities.argmax(-1) == labels).float()
     accuracy = (correct.sum() + correct[0]).item() / 24
     assert accuracy == pytest.approx(rank0["val"]["val/acc"], abs=1e-6)
+
+
+def test_a_checkpoint_of_one_device_tests_alike_under_fsdp2(in_project_copy, tiny_shapes):
+    # Its channels-last weights reached the second process's shards in another order: test/acc 0.57, not 0.81.
+    fit(in_project_copy, *ON_CPU, "--trainer.devices=1", *CSV_LOGGER, *SHORT, *data(tiny_shapes))
+    (checkpoint,) = (in_project_copy / "runs" / "dist").glob("*/checkpoints/last.ckpt")
+    sharded = ["--config=configs/trainer/fsdp.yaml", "--trainer.devices=2"]
+    for name, hardware in (("one", ["--trainer.devices=1"]), ("fsdp", sharded)):
+        fit(in_project_copy, *hardware, *ON_CPU, *CSV_LOGGER, *data(tiny_shapes), f"--ckpt_path={checkpoint}",
+            record(in_project_copy / name), command="test")  # fmt: skip
+    one, *sharded = [rank["test"] for name in ("one", "fsdp") for rank in seen(in_project_copy / name)]
+    assert len(sharded) == 2 and all(metrics == pytest.approx(one, abs=1e-5) for metrics in sharded), (one, sharded)
 
 
 def test_an_fsdp2_run_resumed_mid_epoch_ends_as_the_uninterrupted_one(in_project_copy, tiny_shapes):

@@ -39,7 +39,7 @@ def fit(data_dir, *args: str) -> list[str]:
     [
         (["--data.image_size=-5"], "data.image_size must be 1 or more, got -5"),
         (["--data.batch_size=0"], "data.batch_size must be 1 or more, got 0"),
-        (["--data.val_fraction=1.5"], "data.val_fraction must be between 0 and 1"),
+        (["--data.val_fraction=1.5"], "data.val_fraction must be above 0 and below 1"),
         (["--model.warmup_fraction=1"], "model.warmup_fraction must be 0 or more and below 1"),
         (["--model.backbone=resnet81"], "Unknown backbone 'resnet81'. Closest torchvision classification models: res"),
         # The data module looks the pretrained weights' preprocessing up first.
@@ -86,7 +86,7 @@ def fit(data_dir, *args: str) -> list[str]:
             [EARLY_STOPPING, "--trainer.callbacks.monitor=val/acc", "--trainer.callbacks.mode=maxx"],
             "error: EarlyStopping: `mode` can be min, max, got maxx",
         ),
-        ([EMA, "--trainer.callbacks.decay=1.5"], "error: ModelEMA decay must be between 0 and 1, got 1.5"),
+        ([EMA, "--trainer.callbacks.decay=1.5"], "error: ModelEMA decay must be above 0 and below 1, got 1.5"),
         ([EMA, EMA], "error: --trainer.callbacks lists ModelEMA twice with the same settings (each config file's"),
         # An option before a config file that sets it too: replaced by the file's value, which trained 60 epochs.
         (

@@ -394,3 +394,11 @@ def test_a_class_the_validation_images_lack_is_named(tmp_path, split_by):
         warnings.simplefilter("always")
         data.setup("fit")
     assert not [warning for warning in caught if "hold none" in str(warning.message)]
+
+
+def test_a_class_the_test_images_lack_is_named(tmp_path):
+    # test/f1 averaged over the other classes without a word.
+    folder = uneven_folder(tmp_path / "data" / "train", {"circle": 6, "square": 6, "star": 6}).parent
+    uneven_folder(folder / "test", {"circle": 2, "square": 2})
+    with pytest.warns(UserWarning, match="The test images hold none of star: test/acc says nothing of it"):
+        ImageDataModule(folder, num_workers=0).setup("test")

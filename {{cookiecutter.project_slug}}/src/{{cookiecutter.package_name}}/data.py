@@ -35,7 +35,7 @@ from .datasets.sampling import (
     epoch_restarts,
     imbalance_warning,
     run_seed,
-    unvalidated_warning,
+    unevaluated_warning,
 )
 from .errors import ConfigError, DataError, MissingError, check_choices
 from .hardware.sharding import shards_weights
@@ -180,7 +180,7 @@ class ImageDataModule(L.LightningDataModule):
         if num_workers != "auto" and num_workers < 0:
             raise ConfigError(f"data.num_workers must be 0 or more (or auto), got {num_workers}")
         if not 0 < val_fraction < 1:
-            raise ConfigError(f"data.val_fraction must be between 0 and 1, got {val_fraction}")
+            raise ConfigError(f"data.val_fraction must be above 0 and below 1, got {val_fraction}")
         if not 0 < min_crop_scale <= 1:
             raise ConfigError(f"data.min_crop_scale must be above 0 and at most 1, got {min_crop_scale}")
         if not 0 <= random_erasing <= 1:
@@ -257,8 +257,10 @@ class ImageDataModule(L.LightningDataModule):
             remedied = self.hparams.balanced_sampling or weighted
             if not remedied and (warning := imbalance_warning(self.train_class_counts(), self.class_names)):
                 rank_zero_warn(warning)
-        validates = stage in ("fit", "validate") and (self.trainer is None or self.trainer.limit_val_batches != 0)
-        if validates and (warning := unvalidated_warning(self.class_counts("val"), self.class_names)):
+        split = {"fit": "val", "validate": "val", "test": "test"}.get(stage)
+        evaluated = split and getattr(self.trainer, f"limit_{split}_batches", None) != 0
+        evaluated = evaluated and getattr(self, f"{split}_set") is not None  # test: refused later without one
+        if evaluated and (warning := unevaluated_warning(self.class_counts(split), self.class_names, split)):
             rank_zero_warn(warning)
 
     def check_folders(self, stage: str = "fit") -> None:

@@ -6,6 +6,7 @@ import mimetypes
 import os
 import unicodedata
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,13 +25,24 @@ def split_folder(data_dir: Path, split: str) -> Path | None:
     """The folder of a split (train, val or test) in data_dir, by any of its names; None without one."""
     if not data_dir.is_dir():
         return None
-    found = sorted(path for path in data_dir.iterdir() if path.name.lower() in SPLIT_NAMES[split] and path.is_dir())
+    found = sorted(
+        path
+        for path in data_dir.iterdir()
+        if path.name.lower() in SPLIT_NAMES[split] and path.is_dir() and not is_a_class_folder(path)
+    )
     if len(found) > 1:
         raise DataError(
             f"{data_dir} has {' and '.join(path.name + '/' for path in found)}, each a {split} split's name: "
             "merge them into one."
         )
     return found[0] if found else None
+
+
+def is_a_class_folder(folder: Path) -> bool:
+    """Whether a folder named as a split is a class of that name (Train, Test, ...): it holds images
+    and no folders, where a split holds class folders."""
+    images = (entry for entry in os.scandir(folder) if entry.is_file() and is_image_name(entry.name))
+    return not _subfolders(folder) and any(images)
 
 
 def train_folder(data_dir: Path) -> Path:
@@ -66,7 +78,7 @@ def split_samples(
         splits = {"train": train, "val": find_images(val_dir, classes, held_out=True)}
     else:
         samples = find_images(train_dir, classes)
-        names = [os.path.relpath(path, train_dir) for path, _ in samples]
+        names = [same_everywhere(path, train_dir) for path, _ in samples]
         train, val = stratified_split(names, [label for _, label in samples], val_fraction, split_seed)
         splits = {"train": [samples[i] for i in train], "val": [samples[i] for i in val]}
     return with_test_split(splits, data_dir, classes)
@@ -153,6 +165,13 @@ def find_classes(folder: Path) -> list[str]:
     return classes
 
 
+def same_everywhere(path: str, folder: Path) -> str:
+    """A file's path under `folder` as any system spells it: composed Unicode and "/". Its split and
+    order follow from this, so that a copy made on macOS (which decomposes accents) or Windows holds out
+    the same images, not ones the run trained on."""
+    return unicodedata.normalize("NFC", Path(os.path.relpath(path, folder)).as_posix())
+
+
 def find_images(folder: Path, classes: list[str], held_out: bool = False) -> list[tuple[str, int]]:
     """Every image under `folder/<class>/`, labelled by the class's index in `classes`. The validation
     or test images (`held_out`) may lack a class, whose empty folder is then as if absent."""
@@ -171,7 +190,7 @@ def find_images(folder: Path, classes: list[str], held_out: bool = False) -> lis
     samples, empty, unreadable, other_images, links = [], [], [], Counter(), []
     for label, name in enumerate(classes):
         class_dir = folder / folders.get(name, name)
-        paths = sorted(image_files_under(class_dir, other_images, links))
+        paths = sorted(image_files_under(class_dir, other_images, links), key=partial(same_everywhere, folder=folder))
         if class_dir.is_dir() and not paths:
             empty.append(repr(name))
         # Skipped one by one in training, a class's images all unreadable would leave it untrained, and

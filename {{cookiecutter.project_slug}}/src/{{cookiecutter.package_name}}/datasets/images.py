@@ -4,6 +4,7 @@ skipped with a warning naming it: the one way images are read (image folders{{ "
 import contextlib
 import functools
 import io
+import os
 import re
 import warnings
 from collections.abc import Callable
@@ -134,6 +135,8 @@ def read_rgb(source: str | bytes | memoryview) -> torch.Tensor:
     grey ones are read as 0..1 (or as 0..255 where a value is above 1), and an animated GIF is its
     first frame."""
     in_memory = not isinstance(source, str)
+    if (len(source) if in_memory else os.path.getsize(source)) == 0:
+        raise UnidentifiedImageError("an empty file")
     if not pil_reads_better(source):
         encoded = torch.frombuffer(bytearray(source), dtype=torch.uint8) if in_memory else source
         with contextlib.suppress(RuntimeError):  # formats torchvision.io cannot decode (BMP, TIFF, PPM)

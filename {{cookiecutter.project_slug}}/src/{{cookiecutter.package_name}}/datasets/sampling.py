@@ -98,15 +98,22 @@ def imbalance_warning(counts: list[int], names: list[str]) -> str | None:
     )
 
 
-def unvalidated_warning(counts: list[int], names: list[str]) -> str | None:
-    """A line naming the classes that the validation images hold none of: val/ metrics say nothing of them."""
+def unevaluated_warning(counts: list[int], names: list[str], split: str = "val") -> str | None:
+    """A line naming the classes that the validation (or test) images hold none of: their metrics say
+    nothing of them."""
     missing = [name for count, name in zip(counts, names, strict=True) if count == 0]
     if not missing:
         return None
     listed = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+    them = "it" if len(missing) == 1 else "them"
+    if split == "test":
+        return (
+            f"The test images hold none of {listed}: test/acc says nothing of {them}, and test/f1 averages over "
+            "the other classes. Add some to test/."
+        )
     return (
         f"The validation images hold none of {listed}: val/acc and the checkpoints chosen by it say nothing of "
-        f"{'it' if len(missing) == 1 else 'them'}, and val/f1 averages over the other classes. Add some to val/ "
+        f"{them}, and val/f1 averages over the other classes. Add some to val/ "
         "(without val/, to train/: the split holds out data.val_fraction of each class with two images or more)."
     )
 

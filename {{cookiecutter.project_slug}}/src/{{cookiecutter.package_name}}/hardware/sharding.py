@@ -7,9 +7,11 @@ list: FSDP2 (configs/trainer/fsdp.yaml) in ImageClassifier.configure_model, FSDP
 """
 
 from datetime import timedelta
+from unittest import mock
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
 from torch import nn
 
@@ -139,6 +141,18 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict:
+        # A checkpoint file of a run on one device or under DDP holds channels-last weights and optimizer
+        # moments. Lightning hands them to the shards through torch's broadcast from rank 0, which sends
+        # a tensor's memory as it lies: the other processes got the elements in another order.
+        load = torch.load
+
+        def contiguous_load(*args, **kwargs):
+            return apply_to_collection(load(*args, **kwargs), torch.Tensor, torch.Tensor.contiguous)
+
+        with mock.patch.object(torch, "load", contiguous_load):
+            return super().load_checkpoint(checkpoint_path, weights_only)
 
     def lightning_module_state_dict(self) -> dict:
         # Each process saves part of the replicated buffers: make them one model's, rank 0's.

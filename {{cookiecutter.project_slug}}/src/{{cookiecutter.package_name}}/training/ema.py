@@ -41,7 +41,7 @@ class ModelEMA(WeightAveraging):
 
     def __init__(self, decay: float = 0.9998, update_every_n_steps: int = 1, device: str | None = None) -> None:
         if not 0 < decay < 1:
-            raise ConfigError(f"ModelEMA decay must be between 0 and 1, got {decay}")
+            raise ConfigError(f"ModelEMA decay must be above 0 and below 1, got {decay}")
         if update_every_n_steps < 1:
             raise ConfigError(f"ModelEMA update_every_n_steps must be 1 or more, got {update_every_n_steps}")
         super().__init__(device=device, use_buffers=True, multi_avg_fn=WarmedUpEMA(decay))

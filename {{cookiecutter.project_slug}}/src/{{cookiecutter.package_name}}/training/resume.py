@@ -408,6 +408,20 @@ def check_ckpt_path_word(ckpt_path: str | None, subcommand: str) -> None:
                           f"(pip install litmodels); else {takes}.")  # fmt: skip
 
 
+def check_sharded_strategy(ckpt_path: str | None, strategy: str | Namespace) -> None:
+    """Refuse a sharded checkpoint (a folder of FSDP's or DeepSpeed's shards) under a strategy that
+    takes the model whole: it loads only into a model sharded as when it was written."""
+    if ckpt_path is None or is_remote(ckpt_path) or not Path(ckpt_path).is_dir():
+        return
+    name = str(strategy if isinstance(strategy, str) else strategy.get("class_path", "")).lower()
+    if not any(word in name for word in ("fsdp", "deepspeed", "modelparallel")):
+        raise ConfigError(
+            f"{ckpt_path} is a sharded checkpoint, which loads under the strategy that wrote it: pass its preset "
+            f"(--config configs/trainer/fsdp.yaml, or a deepspeed one), or make one file of it with "
+            f"`python -m {PACKAGE} consolidate {ckpt_path} model.ckpt` and pass that."
+        )
+
+
 def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path"{{ ", takes_onnx: bool = False" if cookiecutter.inference == "yes" }}) -> None:
     """Refuse a --ckpt_path that is no checkpoint, before anything reads it: torch.load would fail
     with an error that names neither (`KeyError: 101`, `Unsupported operand 35`).{{ " `takes_onnx`: the\n    command also takes an .onnx export (checked where it is read)." if cookiecutter.inference == "yes" }}"""
