@@ -21,19 +21,21 @@ ANSWERS = json.loads(r"""{{ cookiecutter | jsonify }}""")
 
 # Importing the project under one of these names would import the other package instead, or break it:
 # what any render's modules import, directly or through their dependencies (a template test keeps the
-# list whole), the tools its extras install, and the project's own test modules.
+# list whole on Linux; colorama is tqdm's on Windows), the tools its extras install, and the project's
+# own test modules.
 TAKEN_NAMES = {
     "absl", "annotated_doc", "annotated_types", "anyio", "boto3", "botocore", "certifi", "charset_normalizer",
-    "click", "cloudpickle", "colorlog", "conftest", "cryptography", "cuda", "cycler", "dateutil", "deepspeed",
-    "docstring_parser", "fastapi", "filelock", "fontTools", "fsspec", "google", "hatchling", "helper_callbacks",
-    "huggingface_hub", "idna", "jmespath", "joblib", "jsonargparse", "kiwisolver", "lightning", "lightning_fabric",
-    "lightning_utilities", "litdata", "litserve", "matplotlib", "moto", "mpl_toolkits", "mpmath", "multipart",
-    "narwhals", "numpy", "onnx", "onnxruntime", "onnxscript", "opentelemetry", "optuna", "optuna_integration",
-    "packaging", "PIL", "platformdirs", "pre_commit", "psutil", "pydantic", "pydantic_core", "pyparsing", "pytest",
-    "python_multipart", "pytorch_lightning", "regex", "requests", "rich", "ruff", "s3transfer", "scipy", "six",
-    "sklearn", "sniffio", "starlette", "sympy", "tensorboard", "test", "tests", "threadpoolctl", "timm", "torch",
-    "torchgen", "torchmetrics", "torchvision", "tqdm", "triton", "typeshed_client", "typing_extensions",
-    "typing_inspection", "urllib3", "uvicorn", "wandb", "watchfiles", "xdist", "xxhash", "yaml", "zmq",
+    "click", "cloudpickle", "colorama", "colorlog", "conftest", "cryptography", "cuda", "cycler", "dateutil",
+    "deepspeed", "docstring_parser", "fastapi", "filelock", "fontTools", "fsspec", "google", "hatchling",
+    "helper_callbacks", "huggingface_hub", "idna", "jmespath", "joblib", "jsonargparse", "kiwisolver", "lightning",
+    "lightning_fabric", "lightning_utilities", "litdata", "litserve", "matplotlib", "moto", "mpl_toolkits", "mpmath",
+    "multipart", "narwhals", "numpy", "onnx", "onnxruntime", "onnxscript", "opentelemetry", "optuna",
+    "optuna_integration", "packaging", "PIL", "platformdirs", "pre_commit", "psutil", "pydantic", "pydantic_core",
+    "pyparsing", "pytest", "python_multipart", "pytorch_lightning", "regex", "requests", "rich", "ruff", "s3transfer",
+    "scipy", "six", "sklearn", "sniffio", "starlette", "sympy", "tensorboard", "test", "tests", "threadpoolctl",
+    "timm", "torch", "torchgen", "torchmetrics", "torchvision", "tqdm", "triton", "typeshed_client",
+    "typing_extensions", "typing_inspection", "urllib3", "uvicorn", "wandb", "watchfiles", "xdist", "xxhash", "yaml",
+    "zmq",
 }  # fmt: skip
 STDLIB = getattr(sys, "stdlib_module_names", frozenset({"json", "os", "sys", "re", "typing", "types", "io", "logging"}))
 

@@ -117,6 +117,12 @@ def test_a_class_named_as_a_split_is_a_class(tmp_path):
     data.setup("fit")
     assert data.class_names == ["Train", "bus", "car"]
     assert len(data.train_set) + len(data.val_set) == 15
+    # Beside a train/ split, a val/ of images alone is still a split: its images are in no class folder.
+    other = make_folder(tmp_path / "split" / "train", {"bus": 5, "car": 5}).parent
+    (other / "val").mkdir()
+    Image.new("RGB", (20, 20)).save(other / "val" / "loose.png")
+    with pytest.warns(UserWarning, match=r"1 image\(s\) directly in .*val \(such as loose.png\) are in no class"):
+        ImageDataModule(other, num_workers=0).setup("fit")
 
 
 def test_train_val_test_folders_are_used_as_they_are(tiny_shapes):

@@ -397,7 +397,7 @@ def test_fsdp2_fits_on_two_processes_and_its_checkpoint_serves_one(in_project_co
     last = refused.stderr.strip().splitlines()[-1]
     consolidate = f"consolidate {sharded.relative_to(in_project_copy)} model.ckpt` and pass that."
     assert refused.returncode == 1 and last.startswith("error: ") and last.endswith(consolidate), refused.stderr
-    assert "is a sharded checkpoint, which loads under the strategy that wrote it: pass its preset" in last
+    assert "is a sharded checkpoint, which loads under the strategy that wrote it: pass the preset" in last
 
     single_file = in_project_copy / "model.ckpt"
     fit(in_project_copy, str(sharded), str(single_file), command="consolidate")

@@ -266,8 +266,8 @@ def test_shard_into_a_folder_of_other_files_is_refused_and_into_its_own_goes_on(
     output = tmp_path / "work"
     (output / "train").mkdir(parents=True)
     (output / "train" / "weights.bin").write_bytes(b"mine")
-    (output / "notes.txt").write_text("mine")
-    said = f"error: The output {output} holds files that no shard run wrote (notes.txt, train/weights.bin): shard"
+    (output / "train" / ".DS_Store").write_text("Finder's")  # left alone by LitData, and by this check
+    said = f"error: The output {output} holds files that LitData would delete and no shard run wrote (train/weights"
     assert refusal(monkeypatch, capsys, "shard", str(tiny_shapes), str(output)).startswith(said)
     assert (output / "train" / "weights.bin").read_bytes() == b"mine"
     shutil.rmtree(output)

@@ -660,7 +660,7 @@ class ClassifierCLI(LightningCLI):
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
             self.save_config_kwargs["config_filename"] = resumed_config_name()
             silence_resume_notice(Path(config.ckpt_path).parent)
-        check_sharded_strategy(config.ckpt_path, config.trainer.strategy)
+        check_sharded_strategy(config.get("ckpt_path"), config.trainer.get("strategy"))
         if self.subcommand in EVALUATIONS:
             # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.
             self.save_config_kwargs["config_filename"] = f"config_{self.subcommand}.yaml"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..data import ImageDataModule, usable_cpus
 from ..datasets.folders import find_classes, split_samples, train_folder
-from ..datasets.streaming import MANIFEST, check_storage, delete_manifest, join, write_manifest, write_split
+from ..datasets.streaming import check_storage, delete_manifest, join, write_manifest, write_split
 from ..errors import PACKAGE, CommandParser, ConfigError, MissingError
 from ..hardware.network import is_remote
 
@@ -41,19 +41,16 @@ SPLITS = ("train", "val", "test")
 
 
 def check_output(output: str) -> None:
-    """Refuse a local output folder that holds files no shard run wrote: LitData's overwrite deletes
-    the .bin and index.json files in each split's folder, whoever wrote them."""
-    folder = Path(output)
-    if is_remote(output) or not folder.is_dir():
+    """Refuse a local output whose split folders hold .bin files that no shard run wrote: LitData's
+    overwrite deletes every .bin file there, whoever wrote it."""
+    if is_remote(output):
         return
-    splits = [folder / split for split in SPLITS if (folder / split).is_dir()]
-    others = [entry for entry in folder.iterdir() if entry.name != MANIFEST and entry not in splits]
-    chunks = ("chunk-*.bin", "*index.json")  # LitData's names
-    others += [entry for split in splits for entry in split.iterdir() if not any(map(entry.match, chunks))]
+    folders = [Path(output) / split for split in SPLITS if (Path(output) / split).is_dir()]
+    others = sorted(path for folder in folders for path in folder.glob("*.bin") if not path.match("chunk-*.bin"))
     if others:
-        shown = ", ".join(str(entry.relative_to(folder)) for entry in sorted(others)[:3])
-        raise ConfigError(f"The output {output} holds files that no shard run wrote ({shown}"
-                          f"{', ...' if len(others) > 3 else ''}): shard into a new or empty folder.")  # fmt: skip
+        shown = ", ".join(str(path.relative_to(output)) for path in others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ConfigError(f"The output {output} holds files that LitData would delete and no shard run wrote "
+                          f"({shown}): shard into a new or empty folder.")  # fmt: skip
 
 
 def shard(images: Path, output: str, val_fraction: float, split_seed: int, workers: int, chunk_bytes: int) -> dict:

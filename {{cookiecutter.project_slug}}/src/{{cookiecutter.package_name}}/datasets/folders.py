@@ -25,11 +25,10 @@ def split_folder(data_dir: Path, split: str) -> Path | None:
     """The folder of a split (train, val or test) in data_dir, by any of its names; None without one."""
     if not data_dir.is_dir():
         return None
-    found = sorted(
-        path
-        for path in data_dir.iterdir()
-        if path.name.lower() in SPLIT_NAMES[split] and path.is_dir() and not is_a_class_folder(path)
-    )
+    found = sorted(path for path in data_dir.iterdir() if path.name.lower() in SPLIT_NAMES[split] and path.is_dir())
+    # Among class folders a Train or Test folder of images is a class; beside a train/ split, a split.
+    if split == "train" or split_folder(data_dir, "train") is None:
+        found = [path for path in found if not is_a_class_folder(path)]
     if len(found) > 1:
         raise DataError(
             f"{data_dir} has {' and '.join(path.name + '/' for path in found)}, each a {split} split's name: "
@@ -41,8 +40,8 @@ def split_folder(data_dir: Path, split: str) -> Path | None:
 def is_a_class_folder(folder: Path) -> bool:
     """Whether a folder named as a split is a class of that name (Train, Test, ...): it holds images
     and no folders, where a split holds class folders."""
-    images = (entry for entry in os.scandir(folder) if entry.is_file() and is_image_name(entry.name))
-    return not _subfolders(folder) and any(images)
+    with os.scandir(folder) as entries:
+        return not _subfolders(folder) and any(entry.is_file() and is_image_name(entry.name) for entry in entries)
 
 
 def train_folder(data_dir: Path) -> Path:

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from ..errors import PACKAGE, ConfigError, DataError, MissingError, likely_meant
 from ..hardware.network import is_remote
+from ..hardware.rules import strategy_class_name
 from .checkpoint_io import complete_replace, is_sharded_checkpoint, write_whole
 from .run_folders import (
     best_checkpoint,
@@ -408,17 +409,16 @@ def check_ckpt_path_word(ckpt_path: str | None, subcommand: str) -> None:
                           f"(pip install litmodels); else {takes}.")  # fmt: skip
 
 
-def check_sharded_strategy(ckpt_path: str | None, strategy: str | Namespace) -> None:
+def check_sharded_strategy(ckpt_path: str | None, strategy: str | Namespace | None) -> None:
     """Refuse a sharded checkpoint (a folder of FSDP's or DeepSpeed's shards) under a strategy that
     takes the model whole: it loads only into a model sharded as when it was written."""
     if ckpt_path is None or is_remote(ckpt_path) or not Path(ckpt_path).is_dir():
         return
-    name = str(strategy if isinstance(strategy, str) else strategy.get("class_path", "")).lower()
-    if not any(word in name for word in ("fsdp", "deepspeed", "modelparallel")):
+    if strategy_class_name(strategy or "auto") in ("auto", "DDPStrategy", "SingleDeviceStrategy"):
         raise ConfigError(
-            f"{ckpt_path} is a sharded checkpoint, which loads under the strategy that wrote it: pass its preset "
-            f"(--config configs/trainer/fsdp.yaml, or a deepspeed one), or make one file of it with "
-            f"`python -m {PACKAGE} consolidate {ckpt_path} model.ckpt` and pass that."
+            f"{ckpt_path} is a sharded checkpoint, which loads under the strategy that wrote it: pass the preset "
+            f"its run's config.yaml names (--config configs/trainer/fsdp.yaml, fsdp1.yaml or a deepspeed one), or "
+            f"make one file of it with `python -m {PACKAGE} consolidate {ckpt_path} model.ckpt` and pass that."
         )
 
 
