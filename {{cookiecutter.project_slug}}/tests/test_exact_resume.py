@@ -160,8 +160,8 @@ def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_re
         fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
     resumed = capsys.readouterr().out
     assert " 0 img/s" not in resumed, "a rate where no training image was seen"
-    # The epoch's line gave the restored optimizer's rate, the next step's, as the epoch's, and no train/
-    # numbers where the resumed run took no step of the epoch.
+    # The epoch's line gave the restored optimizer's rate, the next step's, as the epoch's, and left out
+    # the train/ numbers where the resumed run took no step of the epoch.
     shown = epoch_line(resumed, 0)
     trained = val_check_interval < 1  # steps of the epoch follow the stop
     assert shown == {name: value for name, value in uninterrupted.items() if trained or name != "lr"}

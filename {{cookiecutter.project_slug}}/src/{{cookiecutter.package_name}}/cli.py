@@ -479,9 +479,14 @@ def settings_of(path: str) -> dict | None:
     return None
 
 
+def from_start(path: str) -> Path:
+    """A path given to the command, from the folder it started in."""
+    return STARTED_IN[0] / path if STARTED_IN else Path(path)
+
+
 def text_of(path: str) -> str:
     try:
-        return (STARTED_IN[0] / path if STARTED_IN else Path(path)).read_text()
+        return from_start(path).read_text()
     except (OSError, UnicodeDecodeError):
         return ""
 
@@ -514,7 +519,7 @@ def config_without_settings(message: str) -> str | None:
     all comments), or a lone `key:`, which jsonargparse takes for text rather than settings."""
     content = " ".join(message.partition("Unexpected config:")[2].split())
     for path in given_configs():
-        if not (STARTED_IN[0] if STARTED_IN else Path()).joinpath(path).is_file():
+        if not from_start(path).is_file():
             continue  # a missing file is named apart
         if " ".join(text_of(path).split()) != content:
             continue

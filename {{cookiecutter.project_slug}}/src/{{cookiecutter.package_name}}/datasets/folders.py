@@ -6,7 +6,6 @@ import mimetypes
 import os
 import unicodedata
 from collections import Counter
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -77,7 +76,7 @@ def split_samples(
         splits = {"train": train, "val": find_images(val_dir, classes, held_out=True)}
     else:
         samples = find_images(train_dir, classes)
-        names = [same_everywhere(path, train_dir) for path, _ in samples]
+        names = [same_everywhere(os.path.relpath(path, train_dir)) for path, _ in samples]
         train, val = stratified_split(names, [label for _, label in samples], val_fraction, split_seed)
         splits = {"train": [samples[i] for i in train], "val": [samples[i] for i in val]}
     return with_test_split(splits, data_dir, classes)
@@ -164,11 +163,11 @@ def find_classes(folder: Path) -> list[str]:
     return classes
 
 
-def same_everywhere(path: str, folder: Path) -> str:
-    """A file's path under `folder` as any system spells it: composed Unicode and "/". Its split and
-    order follow from this, so that a copy made on macOS (which decomposes accents) or Windows holds out
-    the same images, not ones the run trained on."""
-    return unicodedata.normalize("NFC", Path(os.path.relpath(path, folder)).as_posix())
+def same_everywhere(path: str) -> str:
+    """A path as any system spells it: composed Unicode and "/". The split and the order of images
+    follow from this, so that a copy made on macOS (which decomposes accents) or Windows holds out the
+    same images, not ones the run trained on."""
+    return unicodedata.normalize("NFC", path.replace(os.sep, "/"))
 
 
 def find_images(folder: Path, classes: list[str], held_out: bool = False) -> list[tuple[str, int]]:
@@ -189,7 +188,8 @@ def find_images(folder: Path, classes: list[str], held_out: bool = False) -> lis
     samples, empty, unreadable, other_images, links = [], [], [], Counter(), []
     for label, name in enumerate(classes):
         class_dir = folder / folders.get(name, name)
-        paths = sorted(image_files_under(class_dir, other_images, links), key=partial(same_everywhere, folder=folder))
+        # By whole path, cheap to spell alike: a class's images share the part up to its folder.
+        paths = sorted(image_files_under(class_dir, other_images, links), key=same_everywhere)
         if class_dir.is_dir() and not paths:
             empty.append(repr(name))
         # Skipped one by one in training, a class's images all unreadable would leave it untrained, and
