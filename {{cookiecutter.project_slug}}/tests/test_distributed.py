@@ -1,6 +1,7 @@
 """Data-parallel and sharded training as separate processes on this machine's CPU (gloo on 127.0.0.1),
 started the ways a cluster starts them: Lightning's launcher, torchrun, and SLURM's srun."""
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -325,6 +327,22 @@ def running(pid: int) -> bool:
     return True
 
 
+def group_runs(group: int) -> bool:
+    """Whether a process of the process group `group` runs (zombies, dead but not yet reaped, do not)."""
+    if not Path("/proc").is_dir():
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            state, _, group_id = stat.read_text().rsplit(")", 1)[1].split()[:3]  # after the name: state, ppid, pgrp
+            if int(group_id) == group and state != "Z":
+                return True
+    return False
+
+
 def test_a_process_whose_launcher_is_killed_stops_at_once(in_project_copy, tiny_shapes, groups):
     # Local rank 1 is held at a step, as one busy computing or waiting in an NCCL collective is: it
     # would not notice that local rank 0, which launched it, is gone until much later.
@@ -345,6 +363,37 @@ def test_a_process_whose_launcher_is_killed_stops_at_once(in_project_copy, tiny_
         time.sleep(0.2)
     assert not running(rank1), "local rank 1 outlived its launcher by 15 s"
     assert "local rank 0, which started this process, (pid" in launcher.stderr.read()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_run_whose_other_processes_never_start_ends_on_sigterm_or_ctrl_c(in_project_copy, tiny_shapes, groups, stop):
+    # Two nodes asked for, one started: torch's rendezvous waits half an hour for the other, in code
+    # that does not return to Python's handlers. SIGTERM as `kill` sends it, Ctrl-C as a terminal does.
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "fit", *ON_CPU, "--trainer.devices=2",
+               "--trainer.num_nodes=2", "--trainer.strategy=ddp", *SHORT, *CSV_LOGGER, *data(tiny_shapes)]  # fmt: skip
+    env = command_env(MASTER_PORT=str(free_port()))
+    launcher = groups(command, cwd=in_project_copy, env=env, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(launcher.stderr), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + TIMEOUT
+    while sum("Initializing distributed" in line for line in said) < 2:  # both local processes wait
+        assert launcher.poll() is None and time.monotonic() < deadline, "".join(said)[-4000:]
+        time.sleep(0.2)
+    time.sleep(2)  # into the wait
+    if stop == signal.SIGTERM:
+        os.kill(launcher.pid, stop)
+    else:
+        os.killpg(launcher.pid, stop)
+    assert launcher.wait(timeout=30) == 128 + stop
+    reader.join(timeout=30)
+    said_how = "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
+    expected = f"Stopped by {said_how} while waiting for all 4 processes of the run to start: nothing to save."
+    assert said[-1].rstrip() == expected and "Traceback" not in "".join(said), "".join(said)[-4000:]
+    stopped = time.monotonic()
+    while group_runs(launcher.pid) and time.monotonic() < stopped + 10:
+        time.sleep(0.2)
+    assert not group_runs(launcher.pid), "local rank 1 outlived its launcher's stop by 10 s"
 
 
 @pytest.mark.parametrize("failing", [0, 1])

@@ -7,6 +7,7 @@ hold them, composed by repeating --config (the later file wins).
 
 import contextlib
 import enum
+import functools
 import importlib
 import inspect
 import io
@@ -20,7 +21,7 @@ import sys
 import textwrap
 import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
@@ -32,6 +33,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
@@ -50,7 +52,7 @@ from .errors import (
 )
 from .hardware.checks import check_hardware, settle_precision
 from .model import ImageClassifier, check_same_architecture, check_same_classes, check_same_optimizer_layout
-from .training.callbacks import EndWithLauncher, started_by_local_rank_0, wait_for
+from .training.callbacks import EndWithLauncher, started_by_local_rank_0, take_over_started_processes, wait_for
 from .training.checkpoint_io import Trainer
 from .training.progress import LogLines
 from .training.quiet import (
@@ -88,6 +90,7 @@ from .training.resume import (
     saved_checkpoint,
 )
 from .training.run_folders import check_writable, hold_run, is_first_process, release_run
+from .training.sigterm import ends_while_blocked
 {%- if cookiecutter.logger == "wandb" %}
 from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -535,6 +538,24 @@ def config_without_settings(message: str) -> str | None:
     return None
 
 
+def meet_stoppably(setup_environment: Callable[[], None]) -> None:
+    """A strategy's setup_environment, where the processes of a run wait for each other, ended by a
+    SIGTERM or Ctrl-C: the wait does not return to Python's handlers until they have all started."""
+    with ends_while_blocked(functools.partial(stopped_waiting, setup_environment.__self__)):
+        setup_environment()
+
+
+def stopped_waiting(strategy: ParallelStrategy, signum: int) -> None:
+    if strategy.launcher is not None:
+        strategy.launcher.kill(signum)  # the processes it started wait too
+    wait_for(take_over_started_processes(strategy))
+    release_run()
+    if is_first_process():
+        said = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        waited = f"all {strategy.world_size} processes of the run"
+        print(f"Stopped by {said} while waiting for {waited} to start: nothing to save.", file=sys.stderr, flush=True)
+
+
 class ClassifierCLI(LightningCLI):
     """LightningCLI with this project's parser rules and launcher watch, for every command that builds one."""
 
@@ -720,6 +741,8 @@ class ClassifierCLI(LightningCLI):
             # A live bar prints nothing into a file or pipe (a SLURM log, `| tee`) until the run ends.
             bars = (RichProgressBar, TQDMProgressBar)
             trainer.callbacks = [LogLines() if isinstance(c, bars) else c for c in trainer.callbacks]
+        if trainer.world_size > 1:
+            trainer.strategy.setup_environment = functools.partial(meet_stoppably, trainer.strategy.setup_environment)
         return trainer
 
     def check_run(self) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -127,7 +127,7 @@ class CheckpointOnStop(L.Callback):
         if trainer.state.fn == TrainerFn.FITTING and checkpoint is not None and checkpoint.dirpath:
             self._save_last(trainer, Path(checkpoint.dirpath), exception)
         # After the save, whose collectives the launcher's watch still guards; cli.main waits for them.
-        exception.started = take_over_started_processes(trainer)
+        exception.started = take_over_started_processes(trainer.strategy)
 
     def _save_last(self, trainer: L.Trainer, folder: Path, exception: SIGTERMException) -> None:
         path = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
@@ -139,11 +139,11 @@ class CheckpointOnStop(L.Callback):
         rank_zero_info(f"{said}: saved {path} at step {trainer.global_step}{during}.")
 
 
-def take_over_started_processes(trainer: L.Trainer) -> list[subprocess.Popen]:
+def take_over_started_processes(strategy: Strategy) -> list[subprocess.Popen]:
     """The processes Lightning's launcher started from this one, taken from its watch. Each ends with
     the stop's status too, and its watcher, which looks at the same list every 5 s, would SIGKILL this
     process on seeing one (the status and the command that resumes lost) unless this one ended first."""
-    started = getattr(trainer.strategy.launcher, "procs", [])
+    started = getattr(strategy.launcher, "procs", [])
     taken = list(started)
     started.clear()
     return taken
@@ -217,7 +217,7 @@ class StopOnNonFiniteLoss(L.Callback):
                 "use precision bf16-mixed or 32-true, check that batch's images, or set "
                 "skip_batches: true on StopOnNonFiniteLoss to drop such batches."
             )
-            error.started = take_over_started_processes(trainer)  # each ends with this error's status too
+            error.started = take_over_started_processes(trainer.strategy)  # each ends with this error's status too
             raise error
         rank_zero_warn(f"Loss is not finite at {where}: dropping this batch's update.")
         # Parameters without gradients are left alone by the optimizer: the batch never happened.

@@ -1,11 +1,15 @@
 """A SIGTERM sent to a whole process group (scancel, `timeout`, a terminal, `docker stop` of a shell
 script) reaches a command's helper processes at the same moment as the command itself. Each helper
 (a data worker, or another helper process) leaves it to the command, which stops in order and
-then ends its helpers itself: a helper that died first would lose a checkpoint or a request."""
+then ends its helpers itself: a helper that died first would lose a checkpoint or a request. And
+a SIGTERM or Ctrl-C ends a command that waits for its other processes in torch's code
+(ends_while_blocked)."""
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from multiprocessing import forkserver, resource_tracker
 
 
@@ -73,3 +77,38 @@ def _end_on_sigterm_from(owner: int, parent: int) -> None:
         os._exit(0)  # status 0: a DataLoader counts a worker killed by a signal as a crash
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # this thread's mask only
     signal.raise_signal(signal.SIGTERM)  # Python runs the handler in the main thread
+
+
+@contextlib.contextmanager
+def ends_while_blocked(on_stop: Callable[[int], None]) -> Iterator[None]:
+    """A SIGTERM or Ctrl-C that the main thread does not take within a second, as it waits in code
+    that never returns to Python (where the handlers run), ends the process: `on_stop(signum)`, then
+    the status the signal's default would give. torch's rendezvous is such a wait: the processes of
+    a run that never all start (a node that failed, num_nodes larger than the nodes launched) wait
+    there for half an hour. Python's C handler tells a watcher thread of each signal through the
+    wakeup fd; one the main thread takes ends the block and the watch with it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    left = threading.Event()
+
+    def watch() -> None:
+        while signum := os.read(read, 1)[0]:  # 0: the block has ended
+            if signum in (signal.SIGTERM, signal.SIGINT) and not left.wait(1.0):
+                on_stop(signum)
+                os._exit(128 + signum)
+
+    watcher = threading.Thread(target=watch, name="stop-while-blocked", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        left.set()
+        signal.set_wakeup_fd(previous)
+        os.write(write, b"\0")
+        watcher.join()
+        os.close(read)
+        os.close(write)
