@@ -72,6 +72,16 @@ def test_the_default_checkpoint_is_the_newest_runs_best(monkeypatch, trained, ti
     assert classify(monkeypatch, str(image)) == classify(monkeypatch, str(image), f"--checkpoint={best}")
 
 
+def test_a_damaged_last_checkpoint_of_the_newest_run_is_named(monkeypatch, capsys, trained, tiny_shapes):
+    # Cut short (a copy onto a full disk): classify, serve and predict read it for the run's best checkpoint.
+    (last,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    capsys.readouterr()  # the training of the `trained` fixture
+    for command in (["classify", str(tiny_shapes / "test")], ["predict", *ON_CPU, *on_data(tiny_shapes)]):
+        said = refusal(monkeypatch, capsys, *command)
+        assert "last.ckpt cannot be read as a checkpoint: pass " in said and said.startswith("error: The newest run's ")
+
+
 def test_without_a_checkpoint_it_says_to_train_first(monkeypatch, capsys, in_project_copy, tiny_shapes):
     message = refusal(monkeypatch, capsys, "classify", str(tiny_shapes / "test"))
     assert "train a model first, or pass --checkpoint" in message
@@ -99,10 +109,13 @@ def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path
         (["--device=gpu"], "--device gpu: Expected one of"),
         (["--output=."], "--output . is a folder: name the CSV file to write."),
         (["--output=configs/default.yaml/top.csv"], "is under configs/default.yaml, which is not a folder: name a"),
+        (["--output=IMAGE"], "is one of the images: name the CSV to write."),  # it was written over
     ],
 )
 def test_wrong_options_end_in_one_line(monkeypatch, capsys, trained, tiny_shapes, given, expected):
     capsys.readouterr()  # the training of the `trained` fixture, when it ran in this test
+    image = str(next((tiny_shapes / "test").glob("*/*.png")))
+    given = [arg.replace("IMAGE", image) for arg in given]
     assert expected in refusal(monkeypatch, capsys, "classify", str(tiny_shapes / "test"), *given)
 
 
@@ -146,6 +159,13 @@ def test_an_onnx_export_classifies_as_its_checkpoint_into_a_new_folder(monkeypat
     for onnx_row, checkpoint_row in zip(from_onnx, from_checkpoint, strict=True):
         assert onnx_row["path"] == checkpoint_row["path"] and onnx_row["class_1"] == checkpoint_row["class_1"]
         assert float(onnx_row["probability_1"]) == pytest.approx(float(checkpoint_row["probability_1"]), abs=1e-4)
+
+
+def test_an_image_given_and_in_a_folder_given_is_classified_once(tiny_shapes):
+    folder = tiny_shapes / "test"
+    image = next(folder.glob("*/*.png"))
+    found = image_files([image, folder, Path(f"{folder}/./{image.parent.name}")])
+    assert found[0] == image and sorted(found) == sorted(folder.glob("*/*.png"))
 
 
 def test_images_in_a_folder_under_a_hidden_one_are_found(tiny_shapes, tmp_path):

@@ -1,6 +1,7 @@
 """`export`: ONNX and torch.export programs that give the PyTorch model's probabilities on real images."""
 
 import json
+import re
 import shutil
 import sys
 from contextlib import nullcontext
@@ -88,6 +89,12 @@ def test_the_check_images_come_from_every_class_of_a_folder_not_the_first(tiny_s
         (["CHECKPOINT", "--output=empty"], "--output empty is a folder: name the file to write."),
         (["CHECKPOINT", "--output=broken/model.onnx"], "is under broken, which is not a folder: name a path"),
         (["CHECKPOINT", "--output=notes.txt/model.onnx"], "is under notes.txt, which is not a folder: name a path"),
+        # An export written over its checkpoint lost the run's resume point; one under another format's
+        # suffix was taken by classify and serve for the other.
+        (["CHECKPOINT", "--output=CHECKPOINT"], "does not end in .onnx: name it "),
+        (["TORCH_NAMED", "--format=pt2"], "is the checkpoint to export: name another file."),
+        (["CHECKPOINT", "--format=pt2", "--output=model.onnx"], "--output model.onnx does not end in .pt2: name it"),
+        (["last"], "CHECKPOINT last: no such file; export takes a checkpoint's path."),
     ],
 )
 def test_mistakes_end_in_one_line(monkeypatch, capsys, trained, given, expected):
@@ -97,8 +104,9 @@ def test_mistakes_end_in_one_line(monkeypatch, capsys, trained, given, expected)
     (trained / "empty").mkdir()
     (trained / "broken").symlink_to(trained / "gone")
     (trained / "sharded" / ".metadata").write_bytes(b"")  # as torch's distributed checkpoint writes
-    paths = {"CHECKPOINT": str(checkpoint), "RUN": str(checkpoint.parent.parent)}
-    arguments = [paths.get(arg, arg) for arg in given]
+    shutil.copy(checkpoint, trained / "model.pt2")
+    paths = {"CHECKPOINT": str(checkpoint), "RUN": str(checkpoint.parent.parent), "TORCH_NAMED": "model.pt2"}
+    arguments = [re.sub("|".join(paths), lambda name: paths[name.group()], arg) for arg in given]
     capsys.readouterr()  # the training of the `trained` fixture, when it ran in this test
     with pytest.warns(UserWarning, match="notes.txt") if "--images=notes.txt" in given else nullcontext():
         assert expected in refusal(monkeypatch, capsys, "export", *arguments)

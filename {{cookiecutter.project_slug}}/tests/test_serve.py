@@ -359,6 +359,9 @@ def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):
         (["--model=broken.onnx"], "broken.onnx is not an ONNX model onnxruntime can run"),
         ([], ": run from the project folder, or pass --runs."),  # no configs here to say where runs go
         (["--devices=two"], "--devices two: give a number of GPUs"),
+        (["--device=cpu", "--devices=2"], "--devices 2: --device cpu serves from one device; more model copies"),
+        (["--max-pixels=0"], "--max-pixels must be 1 or more, got 0 (python -m"),
+        (["--max-request-bytes=-5"], "--max-request-bytes must be 1 or more, got -5 (python -m"),
         (["--port=80"], "--port 80 is out of range"),
         (["--max-batch-size=0"], "--max-batch-size must be 1 or more, got 0 (python -m"),
         (["--batch-timeout=-1"], "--batch-timeout must be 0 or more, got -1.0 (python -m"),

@@ -686,6 +686,7 @@ class ClassifierCLI(LightningCLI):
             # The run's config.yaml stays as it was trained; each resume's config goes beside it.
             self.save_config_kwargs["config_filename"] = resumed_config_name()
             silence_resume_notice(Path(config.ckpt_path).parent)
+        check_checkpoint(config.get("ckpt_path"))  # as given, checked before; as found (a run's), here
         check_sharded_strategy(config.get("ckpt_path"), config.trainer.get("strategy"))
         if self.subcommand in EVALUATIONS:
             # An evaluation logs into the run of its checkpoint: its config goes beside the run's own.

@@ -18,7 +18,7 @@ import torch
 from ..cli import configured_runs
 from ..datasets.folders import image_files_under, other_images_warning
 from ..datasets.images import IMAGE_SUFFIXES, labelled_image
-from ..errors import PACKAGE, CommandParser, DataError, MissingError, check_output_file
+from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError, check_output_file
 from ..training.predictions import csv_header, csv_row, top_classes
 from ..training.resume import check_checkpoint
 from ..training.run_folders import best_checkpoint
@@ -44,7 +44,10 @@ def image_files(inputs: list[Path]) -> list[Path]:
             found.append(given)
         else:
             raise MissingError(f"{given} is neither an image file nor a folder.")
-    return found
+    unique: dict[str, Path] = {}  # an image in a folder given and given itself too is classified once
+    for path in found:
+        unique.setdefault(os.path.abspath(path), path)
+    return list(unique.values())
 
 
 def classify(predictor: Predictor, paths: list[Path], batch_size: int, top_k: int):
@@ -75,10 +78,13 @@ def main(args: list[str]) -> int:
     check_output_file(options.output, "--output", "CSV file")
     check_device(options.device)
 
-    if options.checkpoint is not None and options.checkpoint.suffix != ".onnx":
-        check_checkpoint(str(options.checkpoint), "--checkpoint", takes_onnx=True)
     checkpoint = options.checkpoint or best_checkpoint(options.runs or configured_runs(), "--checkpoint")
+    if checkpoint.suffix != ".onnx":
+        check_checkpoint(str(checkpoint), "--checkpoint", takes_onnx=True)
     paths = image_files(options.images)
+    read = {os.path.abspath(path): "one of the images" for path in paths} | {os.path.abspath(checkpoint): "the model"}
+    if overwritten := read.get(os.path.abspath(options.output)):
+        raise ConfigError(f"--output {options.output} is {overwritten}: name the CSV to write.")
     predictor = Predictor(checkpoint).load(options.device)
     rows = list(classify(predictor, paths, options.batch_size, options.top_k))
     if not rows:  # refused before --output is opened: an earlier file there stays

@@ -17,7 +17,7 @@ import torch
 
 from ..data import checkpoint_preprocessing
 from ..datasets.images import labelled_image
-from ..errors import PACKAGE, CommandParser, DataError, MissingError, check_output_file
+from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError, check_output_file
 from ..model import ImageClassifier, load_trained
 from ..training.resume import check_checkpoint, refuse_sharded, saved_checkpoint
 from ..transforms import Preprocessing
@@ -28,6 +28,7 @@ from .predictor import ONNX_PREPROCESSING_KEY, ServedClassifier
 TOLERANCE = 1e-4
 # A protobuf file holds at most 2 GB: larger weights go to a .data file beside the .onnx.
 ONNX_SINGLE_FILE_BYTES = 1_800_000_000
+FORMATS = ["onnx", "pt2"]
 
 
 def sample_images(sources: list[Path], preprocessing: Preprocessing, count: int = 8) -> torch.Tensor:
@@ -91,16 +92,26 @@ def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Pa
 def main(args: list[str]) -> int:
     parser = CommandParser(prog=f"{PACKAGE} export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a single-file checkpoint")
-    parser.add_argument("--format", choices=["onnx", "pt2"], default="onnx")
+    parser.add_argument("--format", choices=FORMATS, help="default: --output's suffix, else onnx")
     parser.add_argument("--output", type=Path, help="default: the checkpoint's name with .onnx or .pt2")
     parser.add_argument("--images", type=Path, nargs="+", help="images to check the export on (default: the data)")
     options = parser.parse_args(args)
-    if options.format == "onnx" and (find_spec("onnx") is None or find_spec("onnxscript") is None):
+    suffix = options.output.suffix.removeprefix(".") if options.output else None
+    form = options.format or (suffix if suffix in FORMATS else "onnx")
+    if form == "onnx" and (find_spec("onnx") is None or find_spec("onnxscript") is None):
         raise MissingError('ONNX export needs the onnx and onnxscript packages: pip install -e ".[export]"')
     check_checkpoint(str(options.checkpoint), "CHECKPOINT")  # a folder passes only if it holds shards
+    if not options.checkpoint.exists():  # one of fit's words (last, best), which name no file here
+        raise MissingError(f"CHECKPOINT {options.checkpoint}: no such file; export takes a checkpoint's path.")
     refuse_sharded(options.checkpoint)
-    output = options.output or options.checkpoint.with_suffix(f".{options.format}")
+    output = options.output or options.checkpoint.with_suffix(f".{form}")
     check_output_file(output, "--output" if options.output else "The default --output", "file")
+    if output.suffix != f".{form}":  # classify and serve tell an ONNX file by its suffix
+        chooses = "" if options.format else " (its suffix, .onnx or .pt2, chooses the format)"
+        named = output.with_suffix(f".{form}")
+        raise ConfigError(f"--output {output} does not end in .{form}: name it {named}{chooses}.")
+    if output.exists() and output.resolve() == options.checkpoint.resolve():
+        raise ConfigError(f"--output {output} is the checkpoint to export: name another file.")
 
     model = load_trained(options.checkpoint, "cpu").eval()
     saved = saved_checkpoint(options.checkpoint)
@@ -116,7 +127,7 @@ def main(args: list[str]) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         expected = served(images)
-        exported = export(served, images, options.format, output, onnx_metadata(model, preprocessing))
+        exported = export(served, images, form, output, onnx_metadata(model, preprocessing))
     print(f"Wrote {output}: uint8 images N x 3 x {side} x {side} in, {expected.shape[1]} class probabilities out.")
     if exported is None:
         print("Not run: onnxruntime is not installed (pip install onnxruntime), so no comparison was made.")

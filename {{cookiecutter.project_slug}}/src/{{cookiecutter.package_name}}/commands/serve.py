@@ -219,6 +219,9 @@ def check_devices(device: str, devices: str) -> int | str:
     gpus = torch.cuda.device_count()
     if devices.isdigit() and int(devices) > gpus and device in ("cuda", "auto") and gpus:
         raise ConfigError(f"--devices {devices}: this machine has {gpus} GPU(s).")
+    if devices.isdigit() and int(devices) > 1 and (device in ("cpu", "mps") or not gpus):
+        on = f"--device {device}" if device != "auto" else "a machine without CUDA GPUs"
+        raise ConfigError(f"--devices {devices}: {on} serves from one device; more model copies: --workers-per-device.")
     return int(devices) if devices.isdigit() else devices
 
 
@@ -254,13 +257,15 @@ def main(args: list[str]) -> int:
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     options = parser.parse_args(args)
     least = {"--workers-per-device": 1, "--max-batch-size": 1, "--top-k": 1, "--batch-timeout": 0}
+    least |= dict.fromkeys(["--max-request-bytes", "--max-image-bytes", "--max-pixels"], 1)
     parser.check_at_least(options, least)
     devices = check_devices(options.device, options.devices)
     check_port(options.host, options.port)
-    if options.model is not None and options.model.suffix != ".onnx":
-        check_checkpoint(str(options.model), "--model", takes_onnx=True)
+    model = options.model or best_checkpoint(options.runs or configured_runs(), "--model")
+    if model.suffix != ".onnx":
+        check_checkpoint(str(model), "--model", takes_onnx=True)
 
-    predictor = Predictor(options.model or best_checkpoint(options.runs or configured_runs(), "--model"))
+    predictor = Predictor(model)
     api = ClassifierAPI(predictor, options.top_k, options.max_batch_size, options.batch_timeout)
     server = ClassifierServer(
         api, accelerator=options.device, devices=devices, workers_per_device=options.workers_per_device,

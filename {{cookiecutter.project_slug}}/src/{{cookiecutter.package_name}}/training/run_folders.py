@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
-from ..errors import PACKAGE, ConfigError, MissingError
+from ..errors import PACKAGE, ConfigError, DataError, MissingError
 from .checkpoint_io import complete_replace, write_whole
 
 FINISHED = "finished.json"
@@ -295,7 +295,12 @@ def best_checkpoint(runs: Path, option: str) -> Path:
     last = lasts[-1]  # newest_run's
     if last.is_dir():  # shards (FSDP, DeepSpeed), whose callbacks' states only the strategy reads
         return last
-    states = torch.load(last, map_location="cpu", weights_only=True, mmap=True).get("callbacks", {})
+    try:
+        saved = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # whatever torch.load makes of a file that is no checkpoint: damaged, cut short
+        unreadable = f"The newest run's {last} cannot be read as a checkpoint"
+        raise DataError(f"{unreadable}: pass {option}, or move that run's folder away.") from error
+    states = saved.get("callbacks", {}) if isinstance(saved, dict) else {}
     for key, state in states.items():
         # The callback that monitors a metric: the one that writes last.ckpt monitors none.
         best = state.get("best_model_path") if key.startswith("ModelCheckpoint") and state.get("monitor") else None
