@@ -4,13 +4,20 @@ test_parallel_experiments.py; the folds it trains on: test_folds.py.)"""
 import functools
 import json
 import math
+{%- if cookiecutter.logger == "wandb" %}
+import subprocess
+import sys
+{%- endif %}
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import ON_CPU, disk_full_past, on_data, refusal, run_command
+from conftest import ON_CPU, {{ 'command_env, ' if cookiecutter.logger == 'wandb' }}disk_full_past, on_data, refusal, run_command
 from helper_callbacks import SigtermAt
+{%- if cookiecutter.logger == "wandb" %}
+from test_wandb_logging import wandb_records
+{%- endif %}
 
 from {{ cookiecutter.package_name }}.commands import crossval
 from {{ cookiecutter.package_name }}.commands.crossval import METRICS
@@ -88,6 +95,22 @@ def test_a_run_a_sigterm_stopped_goes_on_from_its_checkpoint_when_the_command_ru
     assert (last.parent / "finished.json").is_file() and Path("cv/seeds/seed0/metrics.json").is_file()
 
 
+{%- if cookiecutter.logger == "wandb" %}
+
+
+def test_a_stopped_runs_wandb_run_is_marked_with_the_stop_not_as_finished(in_project_copy, tiny_shapes):
+    # As a stopped fit's is; W&B showed the runs that sweep, cv and repeat stopped as finished ones.
+    stop = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 1}})
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "repeat", "--seeds=0", *ON_CPU,
+               *on_data(tiny_shapes), *STOPPABLE, f"--trainer.callbacks+={stop}"]  # fmt: skip
+    done = subprocess.run(command, cwd=in_project_copy, env=command_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr[-3000:]
+    (record,) = Path("cv/seeds/seed0").glob("**/offline-run-*/run-*.wandb")
+    (ended,) = [parsed.exit for parsed in wandb_records(record) if parsed.WhichOneof("record_type") == "exit"]
+    assert ended.exit_code == 143
+{%- endif %}
+
+
 def test_a_stopped_run_goes_on_only_with_the_options_it_was_started_with(
     monkeypatch, capsys, in_project_copy, tiny_shapes
 ):
@@ -115,6 +138,22 @@ def test_fewer_than_two_folds_are_refused_in_one_line(monkeypatch, capsys, in_pr
     message = refusal(monkeypatch, capsys, "cv", f"--folds={folds}", *ON_CPU)
     assert message.startswith(f"error: --folds must be 2 or more, got {folds} (python -m"), message
     assert not Path("cv").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (["repeat", "--seeds=0,-1"], "argument --seeds: seeds are from 0 to 4294967295, got -1"),
+        (["repeat", "--seeds=0", "--name=../../elsewhere"], "argument --name: a folder's name, without / or \\ and"),
+        (["cv", "--folds=2", "--name=.."], "argument --name: a folder's name, without / or \\ and not . or .., got"),
+    ],
+)
+def test_seeds_numpy_refuses_and_names_outside_cv_are_refused_in_one_line(
+    monkeypatch, capsys, in_project_copy, given, expected
+):
+    message = refusal(monkeypatch, capsys, *given, *ON_CPU)
+    assert message.startswith(f"error: {expected}"), message
+    assert not Path("cv").exists() and not Path("../elsewhere").exists()
 
 
 def test_a_call_that_trained_nothing_holds_its_folder_for_no_one(tmp_path):

@@ -57,6 +57,7 @@ def fit(data_dir, *args: str) -> list[str]:
         ),
         (["--data.batch_size=many"], "error: --data.batch_size: many is not a whole number"),
         (["--trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches must be 1 or more, got 0"),
+        (["--seed_everything=-1"], "seed_everything must be a whole number from 0 to 4294967295, or true or false"),
         # Lightning's would replace the model's optimizer setup whole, or be ignored.
         (["--optimizer=SGD"], "error: --optimizer and --lr_scheduler are not used: the model makes its own"),
         (["--lr_scheduler=StepLR", "--lr_scheduler.step_size=1"], "error: --optimizer and --lr_scheduler are not"),

@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from conftest import ON_CPU, command_env, on_data, refusal, run_command
+from conftest import ON_CPU, PROJECT_ROOT, command_env, on_data, refusal, run_command
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
@@ -156,6 +157,7 @@ def test_the_lock_of_a_sweep_killed_while_writing_is_broken_by_the_next_sweep(mo
         ("- model.lr\n", "must map fit options"),
         ("model.lr: [0.1\n", "is not valid YAML"),
         ("data.batch_size: {low: 16, high: 64, step: 0}\n", "data.batch_size: step must be above 0, got 0"),
+        ('model.lr: {low: 0.001, high: 0.1, log: "no"}\n', "model.lr: log must be true or false, got 'no'"),
     ],
 )
 def test_a_bad_search_space_is_refused_in_one_line_naming_the_key(monkeypatch, capsys, in_project_copy, space, named):
@@ -189,6 +191,27 @@ def test_a_storage_that_is_no_sql_url_is_refused_in_one_line(monkeypatch, capsys
     assert not Path("sweeps").exists()
 
 
+def test_sweep_sbatch_runs_the_sweep_as_a_job_step_and_requeues_a_task_stopped_by_sigterm(in_project_copy):
+    # Slurm's early SIGTERM (--signal=TERM@120, no B:) reaches job steps only: a sweep that the script
+    # started itself never got it, and its task was not requeued.
+    fake = in_project_copy / "fake-slurm"
+    fake.mkdir()
+    (fake / "srun").write_text(f'#!/usr/bin/env bash\necho "$@" > {fake}/srun.log\nexit 143\n')  # stopped
+    (fake / "scontrol").write_text(f'#!/usr/bin/env bash\necho "$@" > {fake}/scontrol.log\n')
+    for tool in ("srun", "scontrol"):
+        (fake / tool).chmod(0o755)
+    slurm = {"PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "55", "SLURM_CPUS_PER_TASK": "8"}
+    script = PROJECT_ROOT / "scripts" / "sweep.sbatch"
+    env = command_env(PYTHON=sys.executable, **slurm)
+    done = subprocess.run(["bash", str(script), "configs/sweep.yaml", "--trials", "4"], cwd=in_project_copy, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 143, done.stderr
+    started = (fake / "srun.log").read_text().split()
+    assert started == ["--cpus-per-task=8", sys.executable, "-m", "{{ cookiecutter.package_name }}", "sweep",
+                       "configs/sweep.yaml", "--trials", "4"]  # fmt: skip
+    assert (fake / "scontrol.log").read_text().split() == ["requeue", "55"]
+
+
 def test_the_projects_search_space_is_valid(in_project_copy):
     distributions = read_search_space(Path("configs/sweep.yaml"), ON_CPU)
     assert {"model.lr", "data.augment"} <= distributions.keys()
@@ -208,9 +231,30 @@ def test_a_study_goes_on_only_with_the_search_space_and_options_it_was_started_w
     started = optuna.create_study(direction="maximize")
     space = {"model.lr": CategoricalDistribution([0.001, 0.01])}
     sweep.check_same_study(started, space, ["--trainer.max_epochs=1"])
+    started.enqueue_trial({})  # a trial to come: the study has trials to compare
     sweep.check_same_study(started, space, ["--trainer.max_epochs=1"])  # the same again: it goes on
     sweep.check_same_study(started, space, ["--trainer.max_epochs", "1"])  # spelled otherwise, the same
     with pytest.raises(sweep.ConfigError, match="another search space: give the same, or start another with --study"):
         sweep.check_same_study(started, {"model.lr": CategoricalDistribution([0.1])}, ["--trainer.max_epochs=1"])
     with pytest.raises(sweep.ConfigError, match=r"with other fit options \(--trainer.max_epochs=1\): give"):
         sweep.check_same_study(started, space, [])
+    # The same options in another order are the same; config files, whose order decides, are not.
+    options, configs = ["--trainer.max_epochs=1", "--model.lr=0.01"], ["--config=a.yaml", "--config=b.yaml"]
+    for given, reordered, same in [(options, ["--model.lr", "0.01", "--trainer.max_epochs=1"], True),
+                                   (configs, configs[::-1], False)]:  # fmt: skip
+        another = optuna.create_study(direction="maximize")
+        sweep.check_same_study(another, space, given)
+        another.enqueue_trial({})
+        with nullcontext() if same else pytest.raises(sweep.ConfigError, match="with other fit options"):
+            sweep.check_same_study(another, space, reordered)
+
+
+def test_a_study_whose_trials_all_failed_takes_the_search_space_given_now():
+    # Its first trial failed on a bound that the model refused (model.lr -0.5): the file put right goes on.
+    started = optuna.create_study(direction="maximize")
+    sweep.check_same_study(started, {"model.lr": CategoricalDistribution([-0.5])}, [])
+    started.tell(started.ask(), state=TrialState.FAIL)
+    sweep.check_same_study(started, {"model.lr": CategoricalDistribution([0.01])}, [])
+    started.enqueue_trial({})
+    with pytest.raises(sweep.ConfigError, match="another search space"):
+        sweep.check_same_study(started, {"model.lr": CategoricalDistribution([-0.5])}, [])

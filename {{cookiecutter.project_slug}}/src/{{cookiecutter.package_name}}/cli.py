@@ -100,6 +100,7 @@ from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 # command line come after both and win (--config configs/trainer/fsdp.yaml switches the hardware).
 DEFAULT_CONFIGS = [Path("configs/trainer/{{ cookiecutter.__trainer_preset }}.yaml"), Path("configs/default.yaml")]
 SUBCOMMANDS = ("fit", *EVALUATIONS)
+SEEDS = range(2**32)  # what numpy's generator takes, which Lightning seeds with the rest
 # What writes a run's config.yaml.
 {%- if cookiecutter.logger == "wandb" %}
 SAVE_CONFIG = SaveConfigToRun
@@ -605,6 +606,9 @@ class ClassifierCLI(LightningCLI):
         if self.config.get("subcommand") and config.get("ckpt_path") is not None:
             check_ckpt_path_word(config.ckpt_path, self.config.subcommand)
         check_checkpoint(config.get("ckpt_path"))
+        if (seed := config.get("seed_everything")) is not None and not isinstance(seed, bool) and seed not in SEEDS:
+            seeds = f"a whole number from 0 to {SEEDS[-1]}, or true or false"
+            raise ConfigError(f"seed_everything must be {seeds}, got {seed}")
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
@@ -936,7 +940,7 @@ def main(args: list[str] | None = None) -> None:
     except SIGTERMException as stopped:
         # The command that resumes comes last, after W&B's closing lines (which it prints at exit, colour
         # codes and all, unless finished here); and with a failure status, which Lightning would not give.
-        status = 128 + getattr(stopped, "signal", signal.SIGTERM)
+        status = exit_status(stopped)
         wait_for(getattr(stopped, "started", []))
         finish_wandb_run(exit_code=status)
         if is_first_process() and getattr(stopped, "saved", None):  # CheckpointOnStop saved the run
@@ -978,6 +982,17 @@ def wholes_given(args: list[str], group: str) -> list[tuple[str, dict]]:
                 whole = yaml.safe_load(text)
                 given.append((value, whole if isinstance(whole, dict) else {}))
     return given
+
+
+def exit_status(error: BaseException) -> int:
+    """The status a command ends with on `error`: a stop's, the shell's 128 + its signal; an exit's own."""
+    if isinstance(error, SIGTERMException):  # CheckpointOnStop's, a SIGTERM's or a Ctrl-C's
+        return 128 + getattr(error, "signal", signal.SIGTERM)
+    if isinstance(error, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    if isinstance(error, SystemExit):
+        return error.code if isinstance(error.code, int) else int(error.code is not None)
+    return 1
 
 
 def finish_wandb_run(exit_code: int | None = None) -> None:

@@ -17,10 +17,19 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from ..cli import SEEDS
 from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training.checkpoint_io import write_whole
 from ..training.run_folders import last_checkpoints
-from .experiment_runs import fit_in_folder, gpus_for_copies, run_per_gpu, spelled_alike, without_option, worker_part
+from .experiment_runs import (
+    fit_in_folder,
+    folder_name,
+    gpus_for_copies,
+    run_per_gpu,
+    same_options,
+    without_option,
+    worker_part,
+)
 
 CV = Path("cv")
 # Written whole once a run has trained: its presence is what marks the run done.
@@ -32,6 +41,8 @@ def seed_list(text: str) -> list[int]:
         seeds = [int(seed) for seed in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"seeds are whole numbers separated by commas (0,1,2), got {text!r}") from None
+    if outside := [seed for seed in seeds if seed not in SEEDS]:
+        raise argparse.ArgumentTypeError(f"seeds are from 0 to {SEEDS[-1]}, got {outside[0]}")
     if len(set(seeds)) < len(seeds):
         raise argparse.ArgumentTypeError(f"{text} names a seed twice")
     return seeds
@@ -63,7 +74,7 @@ def check_same_options(folder: Path, cli_args: list[str], runs: dict[str, list[s
         earlier = {"options": earlier, "runs": {}}
     started = [name for name in runs if (folder / name / METRICS).is_file() or last_checkpoints(folder / name)]
     if earlier and started:
-        if spelled_alike(earlier["options"]) != spelled_alike(cli_args):
+        if not same_options(cli_args, earlier["options"]):
             said = " ".join(earlier["options"]) or "no options"
             raise ConfigError(f"{folder} holds runs started with other options ({said}): pass --name for a new set")
         if changed := [name for name in started if earlier["runs"].get(name, runs[name]) != runs[name]]:
@@ -114,7 +125,7 @@ def summarise(runs: list[str], folder: Path) -> int:
     ]
     stats = {name: spread([metrics[name] for metrics in results.values() if name in metrics]) for name in names}
     spreads = [f"{shown(name, mean)} ± {shown(name, std)}" for name, (mean, std) in stats.items()]
-    lines.append(f"| mean ± std ({len(results)} runs) | " + " | ".join(spreads) + " |")
+    lines.append(f"| mean ± std ({len(results)} run{'s' * (len(results) != 1)}) | " + " | ".join(spreads) + " |")
     table = "\n".join(lines)
     (folder / "summary.md").write_text(f"# {folder.name}\n\n{table}\n")
     draw_spread(results, names, stats, folder / "summary.png")
@@ -166,7 +177,9 @@ def run(
 
 def parser_for(command: str, description: str) -> argparse.ArgumentParser:
     parser = CommandParser(prog=f"{PACKAGE} {command}", description=description)
-    parser.add_argument("--name", help="the folder under cv/ (default: from the folds, and whether seeds are given)")
+    parser.add_argument(
+        "--name", type=folder_name, help="the folder under cv/ (default: from the folds, and whether seeds are given)"
+    )
     parser.add_argument(
         "--gpus-per-trial", type=int, choices=[1], help="1: one process per visible GPU, sharing the runs"
     )

@@ -1,6 +1,7 @@
 """What `sweep`, `cv` and `repeat` share: a `fit` run in a folder of its own, in this process; the
 metric the checkpoints monitor; and copies of the command, one per GPU."""
 
+import argparse
 import gc
 import os
 import signal
@@ -11,7 +12,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..cli import build, finish_wandb_run, resolved_config, stop_unhidden
+from ..cli import build, exit_status, finish_wandb_run, resolved_config, stop_unhidden
 from ..errors import PACKAGE, ConfigError
 from ..training.run_folders import best_checkpoint, finished, last_checkpoints
 
@@ -27,6 +28,13 @@ def option(key: str, value) -> str:
     return f"--{key}={text}"
 
 
+def folder_name(text: str) -> str:
+    """A --name or --study: one folder, under cv/ or sweeps/ and not elsewhere."""
+    if not text or text in (".", "..") or any(sep in text for sep in ("/", "\\")):
+        raise argparse.ArgumentTypeError(f"a folder's name, without / or \\ and not . or .., got {text!r}")
+    return text
+
+
 def spelled_alike(args: list[str]) -> list[str]:
     """Fit options as `--name=value`, whichever way they were given (`--name value` too): a command
     line compared with the one that started a study or a set of runs."""
@@ -37,6 +45,19 @@ def spelled_alike(args: list[str]) -> list[str]:
         else:
             spelled.append(arg)
     return spelled
+
+
+def same_options(given: list[str], started: list[str]) -> bool:
+    """Whether two fit command lines mean the same: spelled alike, in any order where it cannot matter
+    (each option once, no config file, nothing appended to a list)."""
+    given, started = spelled_alike(given), spelled_alike(started)
+
+    def orderless(args: list[str]) -> bool:
+        names = [arg.partition("=")[0] for arg in args]
+        plain = all(name.startswith("--") and name[-1] != "+" and name != "--config" for name in names)
+        return plain and len(set(names)) == len(names)
+
+    return given == started or (orderless(given) and orderless(started) and sorted(given) == sorted(started))
 
 
 def monitored_metric(cli_args: list[str]) -> tuple[str, str]:
@@ -68,6 +89,7 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
     cli = build([*cli_args, *one_device], keep_config=True)
     trainer, added = cli.trainer, callbacks or []
     trainer.callbacks.extend(added)
+    status = 0  # this run's W&B run's: a stopped or failed one is no finished one
     try:
         if trained is None:
             with stop_unhidden():  # a sweep takes a stop for the trial's, and a failure for its own
@@ -80,8 +102,11 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
             raise ConfigError(f"The run in {folder} validated no epoch, so it has no best checkpoint to compare.")
         (metrics,) = trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
         return {name: float(value) for name, value in metrics.items()}
+    except BaseException as error:
+        status = exit_status(error)
+        raise
     finally:
-        finish_wandb_run()  # this run's own W&B run: the next one starts another
+        finish_wandb_run(exit_code=status)  # this run's own W&B run: the next one starts another
         del cli
         gc.collect()
         if torch.cuda.is_available():

@@ -55,6 +55,8 @@ def distribution(where: str, values) -> BaseDistribution:
     low, high = number(where, values["low"]), number(where, values["high"])
     log, step = values.get("log", False), None if values.get("step") is None else number(where, values["step"])
     numbers = [value for value in (low, high, step) if value is not None]
+    if not isinstance(log, bool):  # "no" would be taken as true
+        raise ConfigError(f"{where}: log must be true or false, got {log!r}")
     if not low < high:
         raise ConfigError(f"{where}: low ({low}) must be below high ({high})")
     if step is not None and step <= 0:
@@ -62,8 +64,8 @@ def distribution(where: str, values) -> BaseDistribution:
     if log and (low <= 0 or step is not None):
         raise ConfigError(f"{where}: a log range needs low above 0 and no step")
     if all(isinstance(value, int) for value in numbers):
-        return IntDistribution(low, high, log=bool(log), step=step or 1)
-    return FloatDistribution(low, high, log=bool(log), step=step)
+        return IntDistribution(low, high, log=log, step=step or 1)
+    return FloatDistribution(low, high, log=log, step=step)
 
 
 def number(where: str, value) -> int | float:

@@ -25,10 +25,12 @@ from ..training.callbacks import NonFiniteLossError
 from ..training.sigterm import process_alive
 from .experiment_runs import (
     fit_in_folder,
+    folder_name,
     gpus_for_copies,
     monitored_metric,
     option,
     run_per_gpu,
+    same_options,
     spelled_alike,
     without_option,
     worker_part,
@@ -271,13 +273,15 @@ def check_same_study(study, distributions: dict, cli_args: list[str]) -> None:
     space = {name: distribution_to_json(d) for name, d in distributions.items()}
     asked = {"space": space, "options": spelled_alike(cli_args)}
     held = {key: study.user_attrs[key] for key in asked if key in study.user_attrs}
-    if "options" in held:
-        held["options"] = spelled_alike(held["options"])
-    if not held:  # a new study (copies on other GPUs write the same), or one from before it was recorded
+    # A study all of whose trials failed (a bound the model refused, as its first trial started) has
+    # nothing to compare: it goes on with the space and options given now.
+    alive = study.get_trials(deepcopy=False, states=[s for s in TrialState if s != TrialState.FAIL])
+    if not held or not alive:  # or a new study (copies on other GPUs write the same), or one recorded before
         for key, value in asked.items():
             study.set_user_attr(key, value)
         return
-    differ = [key for key in asked if held.get(key) != asked[key]]
+    same = {"space": held.get("space") == space, "options": same_options(cli_args, held.get("options") or [])}
+    differ = [key for key in asked if not same[key]]
     if differ:
         earlier = " ".join(held.get("options") or []) or "none"
         said = {"space": "another search space", "options": f"other fit options ({earlier})"}
@@ -293,7 +297,9 @@ def main(args: list[str]) -> int:
     parser.add_argument(
         "--trials", type=int, default=20, help="trials to run in all, by every process of the study (%(default)s)"
     )
-    parser.add_argument("--study", help="the study's name and folder under sweeps/ (default: the space file's name)")
+    parser.add_argument(
+        "--study", type=folder_name, help="the study's name and folder under sweeps/ (default: the space file's name)"
+    )
     parser.add_argument("--storage", help="an SQL URL for the study (default: a journal file in its folder)")
     parser.add_argument(
         "--gpus-per-trial", type=int, choices=[1], help="1: one process per visible GPU, each running trials on its GPU"
