@@ -107,13 +107,22 @@ def test_a_resumed_run_ends_as_the_uninterrupted_one(in_project_copy, request, d
 
 
 @pytest.mark.parametrize(
-    ("val_check_interval", "crash", "saved"), [(1.0, 13, 9), (0.5, 6, 4)], ids=["epochs-end", "mid-epoch"]
+    ("dataset", "val_check_interval", "crash", "saved"),
+    [
+        ("tiny_shapes", 1.0, 13, 9),
+        ("tiny_shapes", 0.5, 6, 4),
+{%- if cookiecutter.streaming == "yes" %}
+        ("shards", 1.0, 13, 9),
+{%- endif %}
+    ],
+    ids=["epochs-end", "mid-epoch"{{ ', "shards-epochs-end"' if cookiecutter.streaming == "yes" }}],
 )
 def test_a_run_resumed_from_its_last_validation_ends_as_the_uninterrupted_one(
-    in_project_copy, tiny_shapes, val_check_interval, crash, saved
+    in_project_copy, request, dataset, val_check_interval, crash, saved
 ):
     # Killed after a validation, it goes on from the last.ckpt saved there, with the default workers.
-    data = [*on_data(tiny_shapes), "--data.num_workers=2", f"--trainer.val_check_interval={val_check_interval}"]
+    data = [*on_data(request.getfixturevalue(dataset)), *FORMAT_OF[dataset], "--data.num_workers=2",
+            f"--trainer.val_check_interval={val_check_interval}"]  # fmt: skip
     fit(*data, *logged_to("whole"))
     crash_at = json.dumps({"class_path": "helper_callbacks.CrashAt", "init_args": {"step": crash}})
     with pytest.raises(SystemError, match=f"crashed at step {crash}"):
@@ -139,14 +148,23 @@ def logged(folder: Path, stage: str) -> dict[tuple[str, str], dict[str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("val_check_interval", "recipe"), [(1.0, "default"), (0.5, "strong")], ids=["epochs-end", "mid-epoch"]
+    ("dataset", "val_check_interval", "recipe"),
+    [
+        ("tiny_shapes", 1.0, "default"),
+        ("tiny_shapes", 0.5, "strong"),
+{%- if cookiecutter.streaming == "yes" %}
+        # LitData's loader counts its epochs itself: the resumed run took its next one for the stopped one.
+        ("shards", 1.0, "default"),
+{%- endif %}
+    ],
+    ids=["epochs-end", "mid-epoch"{{ ', "shards-epochs-end"' if cookiecutter.streaming == "yes" }}],
 )
 def test_a_run_stopped_during_validation_saves_at_once_and_validates_again_on_resume(
-    capsys, in_project_copy, tiny_shapes, val_check_interval, recipe
+    capsys, in_project_copy, request, dataset, val_check_interval, recipe
 ):
     # A long validation would outlast a preemption's grace period: the stop does not wait for its end.
-    data = [*on_data(tiny_shapes), "--data.num_workers=2", f"--trainer.val_check_interval={val_check_interval}",
-            *RECIPES[recipe]]  # fmt: skip
+    data = [*on_data(request.getfixturevalue(dataset)), *FORMAT_OF[dataset], "--data.num_workers=2",
+            f"--trainer.val_check_interval={val_check_interval}", *RECIPES[recipe]]  # fmt: skip
     fit(*data, *logged_to("whole"))
     uninterrupted = epoch_line(capsys.readouterr().out, 0)
     sigterm = json.dumps({"class_path": "helper_callbacks.SigtermInValidation", "init_args": {"epoch": 0}})

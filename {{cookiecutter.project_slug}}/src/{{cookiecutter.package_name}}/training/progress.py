@@ -7,6 +7,7 @@ import time
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.trainer.states import TrainerFn
 
 # The run's first line comes after this many steps, so a log shows early that training goes.
 FIRST_LINE_STEPS = 10
@@ -14,8 +15,15 @@ FIRST_LINE_STEPS = 10
 
 def next_epoch(trainer: L.Trainer) -> int:
     """The epoch a fit trains next. A resumed run's first, too, where Lightning's current_epoch may
-    still be the checkpoint's (saved at an epoch's end, with max_steps set)."""
-    return trainer.fit_loop.epoch_progress.current.processed
+    still be the checkpoint's (saved at an epoch's end, with max_steps set); in an epoch's closing
+    validation, the one after it, which the loop counts only once the validation ends (a checkpoint
+    saved there resumes into the next epoch, whose order LitData's loader counts itself)."""
+    closing = (
+        trainer.state.fn == TrainerFn.FITTING
+        and trainer.validating
+        and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    )
+    return trainer.fit_loop.epoch_progress.current.processed + closing
 
 
 def ends_before(trainer: L.Trainer, epoch: int) -> str:
