@@ -6,6 +6,7 @@ import json
 import pickle
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -282,6 +283,54 @@ def test_a_folder_that_is_no_dataset_is_refused_in_one_line(monkeypatch, capsys,
     (tmp_path / "flat" / "a.jpg").write_bytes(b"")
     assert "class folder" in refusal(monkeypatch, capsys, "shard", str(tmp_path / "flat"), str(tmp_path / "out"))
     assert "is not a folder" in refusal(monkeypatch, capsys, "shard", str(tmp_path / "none"), str(tmp_path / "out"))
+
+
+def test_a_file_for_output_and_a_val_fraction_fit_refuses_are_refused_in_one_line(
+    monkeypatch, capsys, tiny_shapes, tmp_path
+):
+    (tmp_path / "notes.txt").write_text("mine")
+    said = refusal(monkeypatch, capsys, "shard", str(tiny_shapes), str(tmp_path / "notes.txt"))
+    assert said == f"error: The output {tmp_path / 'notes.txt'} is a file: name a folder to write the shards into."
+    output = str(tmp_path / "out")
+    for fraction in ("1.5", "0"):  # a fit on such shards trained on 3 images, or validated on none
+        said = refusal(monkeypatch, capsys, "shard", str(tiny_shapes), output, f"--val_fraction={fraction}")
+        assert said == f"error: --val_fraction must be above 0 and below 1, got {float(fraction)}"
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_during_shard_stops_its_workers_and_says_so(tiny_shapes, tmp_path, groups):
+    # LitData's own handler ended the command at once with status 0, as if every chunk were written
+    # (`shard ... && fit ...` went on), and left its workers writing when the Ctrl-C reached it alone.
+    many = tmp_path / "many"
+    for index in range(400):  # hard links of the tiny images: enough for seconds of writing
+        for image in (tiny_shapes / "train").glob("*/*.png"):
+            (many / image.parent.name).mkdir(parents=True, exist_ok=True)
+            (many / image.parent.name / f"{index}-{image.name}").hardlink_to(image)
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "shard", str(many), str(tmp_path / "out"),
+               "--workers=1", "--chunk_bytes=20kB"]  # fmt: skip
+    shard_command = groups(command, env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert shard_command.stdout.readline().startswith("train: ")
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "out" / "train").glob("*.bin")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the workers write
+    shard_command.send_signal(signal.SIGINT)  # to the command alone, as `kill -INT` does
+    _, stderr = shard_command.communicate(timeout=60)
+    assert shard_command.returncode == 130, stderr[-3000:]
+    # LitData's progress bar may print after it, as the process ends.
+    assert "Stopped by Ctrl-C." in stderr.splitlines() and "Traceback" not in stderr
+    time.sleep(1.0)
+    chunks = sorted((tmp_path / "out" / "train").glob("*.bin"))
+    time.sleep(2.0)
+    assert sorted((tmp_path / "out" / "train").glob("*.bin")) == chunks, "a worker went on writing"
+    assert not (tmp_path / "out" / MANIFEST).exists()
+
+
+def test_a_split_option_that_streaming_cannot_apply_is_named(shards):
+    with pytest.warns(UserWarning, match=r"data.val_fraction and data.split_seed: the shards hold the split that"):
+        ImageDataModule(shards, format="streaming", val_fraction=0.5, split_seed=7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ImageDataModule(shards, format="streaming")
 
 
 def test_unfinished_shards_and_another_class_set_are_refused(shards, tmp_path):

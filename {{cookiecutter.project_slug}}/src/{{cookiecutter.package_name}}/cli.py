@@ -926,6 +926,11 @@ def main(args: list[str] | None = None) -> None:
         if is_first_process():
             print("Stopped by SIGTERM outside training: nothing to save.", file=sys.stderr)
         sys.exit(stopped.code)
+    except KeyboardInterrupt:  # a Ctrl-C outside training, whose own stop saves the run: Python's is a traceback
+        finish_wandb_run(exit_code=128 + signal.SIGINT)
+        if is_first_process():
+            print("\nStopped by Ctrl-C.", file=sys.stderr)  # after the ^C, or a progress bar, the terminal shows
+        sys.exit(128 + signal.SIGINT)
     except (UserError, MisconfigurationException) as error:  # Lightning's word for a setting it refuses
         if wants_traceback():
             raise

@@ -1,6 +1,7 @@
 """ImageDataModule: ImageFolder-style data, split, transformed and loaded."""
 
 import functools
+import inspect
 import multiprocessing
 import os
 import sys
@@ -169,6 +170,11 @@ class ImageDataModule(L.LightningDataModule):
             # This object becomes the subclass that reads the shards: one class, and so one set of
             # options, for the CLI and the config files, whichever the format.
             self.__class__ = StreamingDataModule
+            defaults = inspect.signature(ImageDataModule.__init__).parameters
+            given = {"val_fraction": val_fraction, "split_seed": split_seed}
+            if ignored := [f"data.{name}" for name, value in given.items() if value != defaults[name].default]:
+                split = "the shards hold the split that `shard` made (its --val_fraction and --split_seed)"
+                rank_zero_warn(f"{' and '.join(ignored)}: {split}; shard again to split otherwise.")
 {%- endif %}
         check_choices(ImageDataModule.__init__, locals(), "data")
         counts = {"batch_size": batch_size, "prefetch_factor": prefetch_factor}  # image_size: Preprocessing

@@ -56,6 +56,10 @@ def check_output(output: str) -> None:
 def shard(images: Path, output: str, val_fraction: float, split_seed: int, workers: int, chunk_bytes: int) -> dict:
     if not images.is_dir():
         raise MissingError(f"{images} is not a folder: give the image folder (class folders, or train/ and val/).")
+    if not 0 < val_fraction < 1:  # as data.val_fraction
+        raise ConfigError(f"--val_fraction must be above 0 and below 1, got {val_fraction}")
+    if not is_remote(output) and os.path.lexists(output) and not Path(output).is_dir():
+        raise ConfigError(f"The output {output} is a file: name a folder to write the shards into.")
     if not is_remote(output) and Path(output).resolve().is_relative_to(images.resolve()):
         raise ConfigError(f"The output {output} is inside the image folder {images}: write it elsewhere.")
     check_output(output)

@@ -29,6 +29,7 @@ from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
 
 try:  # the `streaming` extra
     from litdata import StreamingDataLoader, StreamingDataset, optimize
+    from litdata.processing.data_processor import DataProcessor
     from litdata.streaming import downloader
     from litdata.streaming.fs_provider import _get_fs_provider
     from litdata.streaming.resolver import Dir
@@ -160,7 +161,7 @@ def write_split(encode: Callable[[Any], dict], inputs: list, location: str, work
     """One split's samples, each encoded by `encode` in one of `workers` processes, as chunks."""
     # LitData prints a dozen status lines per split and an advert for its cloud (its workers too,
     # which fork with this redirection); its progress bar, on stderr, stays.
-    with contextlib.redirect_stdout(io.StringIO()), private_optimizer_cache():
+    with contextlib.redirect_stdout(io.StringIO()), private_optimizer_cache(), workers_stopped_on_ctrl_c():
         optimize(
             fn=encode,
             inputs=inputs,
@@ -171,6 +172,27 @@ def write_split(encode: Callable[[Any], dict], inputs: list, location: str, work
             reorder_files=False,  # keep the inputs' order (LitData otherwise sorts them by file size)
             start_method="fork",  # from this command's one thread; spawn would start each worker from scratch
         )
+
+
+@contextlib.contextmanager
+def workers_stopped_on_ctrl_c() -> Iterator[None]:
+    """LitData's Ctrl-C handler ends the command at once with status 0, as if it had written every
+    chunk, and leaves its workers writing when the Ctrl-C reached the command alone. Here the workers
+    are stopped, and the Ctrl-C goes on as Python's (cli.main's one line, status 130)."""
+
+    def stop(processor: DataProcessor, signum: int, frame) -> None:
+        for worker in getattr(processor, "workers", []):
+            worker.terminate()
+        for worker in getattr(processor, "workers", []):
+            worker.join()
+        raise KeyboardInterrupt
+
+    litdata_own = DataProcessor._signal_handler
+    DataProcessor._signal_handler = stop
+    try:
+        yield
+    finally:
+        DataProcessor._signal_handler = litdata_own
 
 
 def delete_manifest(location: str) -> None:
