@@ -333,12 +333,15 @@ def test_a_split_option_that_streaming_cannot_apply_is_named(shards):
         ImageDataModule(shards, format="streaming")
 
 
-def test_unfinished_shards_and_another_class_set_are_refused(shards, tmp_path):
+def test_unfinished_shards_an_image_folder_and_another_class_set_are_refused(shards, tiny_shapes, tmp_path):
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     (unfinished / "train").symlink_to(shards / "train")  # the chunks of a run cut short: no manifest yet
     with pytest.raises(MissingError, match="not a finished sharded dataset"):
         ImageDataModule(unfinished, format="streaming").class_names  # noqa: B018
+    # Not to be sharded into itself, which shard refuses.
+    with pytest.raises(MissingError, match=r"holds images, not shards: use --data.format folder, or shard them into"):
+        ImageDataModule(tiny_shapes, format="streaming").class_names  # noqa: B018
     data = ImageDataModule(shards, format="streaming")
     with pytest.raises(DataError, match="classes"):
         data.load_state_dict({"class_names": ["cat", "dog"]})

@@ -24,7 +24,7 @@ from ..errors import ConfigError, MissingError
 from ..hardware.network import is_remote
 from ..training.checkpoint_io import write_whole
 from ..transforms import at_epoch
-from .images import SaidOnce, labelled_image
+from .images import IMAGE_SUFFIXES, SaidOnce, labelled_image
 from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
 
 try:  # the `streaming` extra
@@ -121,6 +121,11 @@ def read_manifest(location: str) -> dict:
 def unfinished(location: str) -> str:
     if not is_remote(location) and not Path(location).is_dir():
         return f"No sharded dataset at {location}: make one with `shard <image folder> {location}`."
+    if not is_remote(location) and any(path.suffix.lower() in IMAGE_SUFFIXES for path in Path(location).rglob("*")):
+        return (
+            f"{location} holds images, not shards: use --data.format folder, or shard them into another folder "
+            f"(`shard {location} <output folder>`)."
+        )
     return (
         f"{location} has no {MANIFEST}, so it is not a finished sharded dataset (a shard run that was cut short, "
         f"or an image folder): run `shard <image folder> {location}` again, or use --data.format folder."
