@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 {%- endif %}
+import warnings
 from pathlib import Path
 
 import pytest
@@ -88,8 +89,11 @@ def test_a_run_a_sigterm_stopped_goes_on_from_its_checkpoint_when_the_command_ru
     (last,) = Path("cv/seeds/seed0").glob("*/*/checkpoints/last.ckpt")
     assert torch.load(last, weights_only=True)["global_step"] == 2
     capsys.readouterr()
-    run_command(monkeypatch, "repeat", "--seeds=0", *options)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        run_command(monkeypatch, "repeat", "--seeds=0", *options)
     assert f"Resuming from {last}" in capsys.readouterr().out
+    assert not [str(w.message) for w in warned if "exists and is not empty" in str(w.message)], "as fit's resume"
     assert list(Path("cv/seeds/seed0").glob("*/*/checkpoints/last.ckpt")) == [last], "the same run, not a new one"
     assert torch.load(last, weights_only=True)["global_step"] == 4
     assert (last.parent / "finished.json").is_file() and Path("cv/seeds/seed0/metrics.json").is_file()

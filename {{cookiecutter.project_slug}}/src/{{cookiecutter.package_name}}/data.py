@@ -1,7 +1,9 @@
 """ImageDataModule: ImageFolder-style data, split, transformed and loaded."""
 
 import functools
+{%- if cookiecutter.streaming == "yes" %}
 import inspect
+{%- endif %}
 import multiprocessing
 import os
 import sys

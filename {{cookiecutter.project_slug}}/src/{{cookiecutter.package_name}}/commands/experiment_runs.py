@@ -14,6 +14,7 @@ import yaml
 
 from ..cli import build, exit_status, finish_wandb_run, resolved_config, stop_unhidden
 from ..errors import PACKAGE, ConfigError
+from ..training.quiet import silence_resume_notice
 from ..training.run_folders import best_checkpoint, finished, last_checkpoints
 
 # In the copies that --gpus-per-trial starts: each is one of them, and starts none.
@@ -86,6 +87,7 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
     if kept := resumed or trained:
         print(f"{'Resuming from' if resumed else 'Validating the best checkpoint of'} {kept}", flush=True)
         one_device.append(f"--trainer.logger.init_args.version={kept.parent.parent.name}")
+        silence_resume_notice(kept.parent)  # as fit's: the run goes on in its own folder
     cli = build([*cli_args, *one_device], keep_config=True)
     trainer, added = cli.trainer, callbacks or []
     trainer.callbacks.extend(added)
