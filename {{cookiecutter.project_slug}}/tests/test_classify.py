@@ -73,7 +73,7 @@ def test_the_default_checkpoint_is_the_newest_runs_best(monkeypatch, trained, ti
 
 
 def test_a_damaged_last_checkpoint_of_the_newest_run_is_named(monkeypatch, capsys, trained, tiny_shapes):
-    # Cut short (a copy onto a full disk): classify, serve and predict read it for the run's best checkpoint.
+    # Cut short (a copy onto a full disk): classify and predict (serve too) read it for the run's best checkpoint.
     (last,) = trained.glob("runs/*/*/checkpoints/last.ckpt")
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
     capsys.readouterr()  # the training of the `trained` fixture

@@ -812,6 +812,29 @@ def test_a_sigterm_before_training_ends_the_command_in_one_line_and_lets_go_of_t
     assert "Traceback" not in done.stderr
 
 
+def test_a_ctrl_c_before_training_ends_the_command_in_one_line_with_its_status(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
+    # Lightning ended a fit that a Ctrl-C stopped in its set-up with status 1 (Python: a traceback).
+    def interrupted(*args, **kwargs) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.ImageDataModule, "setup", interrupted)
+    run_command(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), status=128 + signal.SIGINT)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "Stopped by Ctrl-C."
+
+
+def test_a_damaged_last_checkpoint_is_refused_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes):
+    # fit read its limits, and validate its weights, with torch.load's traceback.
+    run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1")
+    (last,) = in_project_copy.glob("runs/*/*/checkpoints/last.ckpt")
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # cut short by a copy onto a full disk
+    capsys.readouterr()
+    for command in (["fit", "--trainer.max_epochs=2"], ["validate"]):
+        said = refusal(monkeypatch, capsys, *command, *TRAINER, *data(tiny_shapes), "--ckpt_path=last")
+        assert said.startswith("error: ") and "last.ckpt is not a Lightning checkpoint, or is damaged: point" in said
+
+
 def test_a_write_interrupted_midway_leaves_the_previous_checkpoint_loadable(monkeypatch, in_project_copy, tiny_shapes):
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1")
     (run,) = run_folders(in_project_copy)

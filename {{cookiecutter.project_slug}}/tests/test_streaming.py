@@ -307,7 +307,7 @@ def test_ctrl_c_during_shard_stops_its_workers_and_says_so(tiny_shapes, tmp_path
             (many / image.parent.name).mkdir(parents=True, exist_ok=True)
             (many / image.parent.name / f"{index}-{image.name}").hardlink_to(image)
     command = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "shard", str(many), str(tmp_path / "out"),
-               "--workers=1", "--chunk_bytes=20kB"]  # fmt: skip
+               "--workers=2", "--chunk_bytes=20kB"]  # fmt: skip
     shard_command = groups(command, env=command_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert shard_command.stdout.readline().startswith("train: ")
     deadline = time.monotonic() + 60

@@ -240,8 +240,9 @@ def test_a_study_goes_on_only_with_the_search_space_and_options_it_was_started_w
         sweep.check_same_study(started, space, [])
     # The same options in another order are the same; config files, whose order decides, are not.
     options, configs = ["--trainer.max_epochs=1", "--model.lr=0.01"], ["--config=a.yaml", "--config=b.yaml"]
+    group = ["--data.batch_size=4", "--data=d.yaml"]  # the later one sets the batch size
     for given, reordered, same in [(options, ["--model.lr", "0.01", "--trainer.max_epochs=1"], True),
-                                   (configs, configs[::-1], False)]:  # fmt: skip
+                                   (configs, configs[::-1], False), (group, group[::-1], False)]:  # fmt: skip
         another = optuna.create_study(direction="maximize")
         sweep.check_same_study(another, space, given)
         another.enqueue_trial({})

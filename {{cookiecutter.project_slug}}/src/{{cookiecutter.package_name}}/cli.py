@@ -547,9 +547,12 @@ def meet_stoppably(setup_environment: Callable[[], None]) -> None:
 
 
 def stopped_waiting(strategy: ParallelStrategy, signum: int) -> None:
-    if strategy.launcher is not None:
-        strategy.launcher.kill(signum)  # the processes it started wait too
-    wait_for(take_over_started_processes(strategy))
+    # The processes the launcher started wait too; taken from its watch first, which would SIGKILL this
+    # one on seeing one of them end.
+    started = take_over_started_processes(strategy)
+    for process in started:
+        process.send_signal(signum)
+    wait_for(started)
     release_run()
     if is_first_process():
         said = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
@@ -926,11 +929,6 @@ def main(args: list[str] | None = None) -> None:
         if is_first_process():
             print("Stopped by SIGTERM outside training: nothing to save.", file=sys.stderr)
         sys.exit(stopped.code)
-    except KeyboardInterrupt:  # a Ctrl-C outside training, whose own stop saves the run: Python's is a traceback
-        finish_wandb_run(exit_code=128 + signal.SIGINT)
-        if is_first_process():
-            print("\nStopped by Ctrl-C.", file=sys.stderr)  # after the ^C, or a progress bar, the terminal shows
-        sys.exit(128 + signal.SIGINT)
     except (UserError, MisconfigurationException) as error:  # Lightning's word for a setting it refuses
         if wants_traceback():
             raise
@@ -951,6 +949,13 @@ def main(args: list[str] | None = None) -> None:
         if is_first_process() and getattr(stopped, "saved", None):  # CheckpointOnStop saved the run
             print(f"Resume this run with: {resume_command(GIVEN)}", file=sys.stderr)
         sys.exit(status)
+    except (KeyboardInterrupt, SystemExit) as stop:  # after SIGTERMException's, a SystemExit too
+        if not stopped_by_ctrl_c(stop):
+            raise
+        finish_wandb_run(exit_code=128 + signal.SIGINT)
+        if is_first_process():
+            print("\nStopped by Ctrl-C.", file=sys.stderr)  # after the ^C, or a progress bar, the terminal shows
+        sys.exit(128 + signal.SIGINT)
     finally:
         release_run()  # a notebook's or a test's process goes on; other commands may write into the run
         GIVEN.clear()
@@ -989,11 +994,19 @@ def wholes_given(args: list[str], group: str) -> list[tuple[str, dict]]:
     return given
 
 
+def stopped_by_ctrl_c(error: BaseException) -> bool:
+    """Python's Ctrl-C, or the exit with status 1 that Lightning makes of one in a fit or an evaluation
+    (its set-up, a second Ctrl-C in training)."""
+    return isinstance(error, KeyboardInterrupt) or (
+        isinstance(error, SystemExit) and isinstance(error.__context__, KeyboardInterrupt)
+    )
+
+
 def exit_status(error: BaseException) -> int:
     """The status a command ends with on `error`: a stop's, the shell's 128 + its signal; an exit's own."""
     if isinstance(error, SIGTERMException):  # CheckpointOnStop's, a SIGTERM's or a Ctrl-C's
         return 128 + getattr(error, "signal", signal.SIGTERM)
-    if isinstance(error, KeyboardInterrupt):
+    if stopped_by_ctrl_c(error):
         return 128 + signal.SIGINT
     if isinstance(error, SystemExit):
         return error.code if isinstance(error.code, int) else int(error.code is not None)

@@ -79,7 +79,7 @@ def main(args: list[str]) -> int:
     check_device(options.device)
 
     checkpoint = options.checkpoint or best_checkpoint(options.runs or configured_runs(), "--checkpoint")
-    if checkpoint.suffix != ".onnx":
+    if checkpoint.suffix.lower() != ".onnx":
         check_checkpoint(str(checkpoint), "--checkpoint", takes_onnx=True)
     paths = image_files(options.images)
     read = {os.path.abspath(path): "one of the images" for path in paths} | {os.path.abspath(checkpoint): "the model"}

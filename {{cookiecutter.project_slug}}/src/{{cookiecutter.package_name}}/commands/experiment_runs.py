@@ -56,7 +56,9 @@ def same_options(given: list[str], started: list[str]) -> bool:
     def orderless(args: list[str]) -> bool:
         names = [arg.partition("=")[0] for arg in args]
         plain = all(name.startswith("--") and name[-1] != "+" and name != "--config" for name in names)
-        return plain and len(set(names)) == len(names)
+        # A whole group (--data=d.yaml) and one of its options replace each other in the order given.
+        nested = any(other.startswith(f"{name}.") for name in names for other in names)
+        return plain and not nested and len(set(names)) == len(names)
 
     return given == started or (orderless(given) and orderless(started) and sorted(given) == sorted(started))
 
@@ -105,7 +107,8 @@ def fit_in_folder(cli_args: list[str], folder: Path, callbacks: list | None = No
         (metrics,) = trainer.validate(cli.model, datamodule=cli.datamodule, ckpt_path=best, verbose=False)
         return {name: float(value) for name, value in metrics.items()}
     except BaseException as error:
-        status = exit_status(error)
+        optuna = sys.modules.get("optuna")  # a sweep's: a pruned trial ends as planned
+        status = 0 if optuna is not None and isinstance(error, optuna.TrialPruned) else exit_status(error)
         raise
     finally:
         finish_wandb_run(exit_code=status)  # this run's own W&B run: the next one starts another

@@ -96,7 +96,7 @@ def main(args: list[str]) -> int:
     parser.add_argument("--output", type=Path, help="default: the checkpoint's name with .onnx or .pt2")
     parser.add_argument("--images", type=Path, nargs="+", help="images to check the export on (default: the data)")
     options = parser.parse_args(args)
-    suffix = options.output.suffix.removeprefix(".") if options.output else None
+    suffix = options.output.suffix.lower().removeprefix(".") if options.output else None
     form = options.format or (suffix if suffix in FORMATS else "onnx")
     if form == "onnx" and (find_spec("onnx") is None or find_spec("onnxscript") is None):
         raise MissingError('ONNX export needs the onnx and onnxscript packages: pip install -e ".[export]"')
@@ -106,7 +106,7 @@ def main(args: list[str]) -> int:
     refuse_sharded(options.checkpoint)
     output = options.output or options.checkpoint.with_suffix(f".{form}")
     check_output_file(output, "--output" if options.output else "The default --output", "file")
-    if output.suffix != f".{form}":  # classify and serve tell an ONNX file by its suffix
+    if output.suffix.lower() != f".{form}":  # classify and serve tell an ONNX file by its suffix
         chooses = "" if options.format else " (its suffix, .onnx or .pt2, chooses the format)"
         named = output.with_suffix(f".{form}")
         raise ConfigError(f"--output {output} does not end in .{form}: name it {named}{chooses}.")

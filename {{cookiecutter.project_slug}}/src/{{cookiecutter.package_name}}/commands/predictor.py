@@ -75,7 +75,7 @@ class Predictor:
         if not model.is_file():
             raise MissingError(f"{model} is not a file: pass a checkpoint (.ckpt) or an ONNX export (.onnx).")
         self.model = model
-        self.is_onnx = model.suffix == ".onnx"
+        self.is_onnx = model.suffix.lower() == ".onnx"
         if self.is_onnx:
             # The session is only read here: onnxruntime's threads must not be alive when a process forks.
             metadata = onnx_session(model).get_modelmeta().custom_metadata_map

@@ -262,7 +262,7 @@ def main(args: list[str]) -> int:
     devices = check_devices(options.device, options.devices)
     check_port(options.host, options.port)
     model = options.model or best_checkpoint(options.runs or configured_runs(), "--model")
-    if model.suffix != ".onnx":
+    if model.suffix.lower() != ".onnx":
         check_checkpoint(str(model), "--model", takes_onnx=True)
 
     predictor = Predictor(model)

@@ -129,6 +129,7 @@ def resolve_resume(config: Namespace, subcommand: str, defaults: dict[str, dict]
             config.ckpt_path = None
             return False
         config.ckpt_path = str(found[-1])
+        check_checkpoint(config.ckpt_path)  # a damaged last.ckpt, before its limits are read
         run = found[-1].parent.parent
         # Before its limit, moot meanwhile; asked by the first process, which holds the run for the others.
         if subcommand == "fit" and requested == "last" and is_first_process() and (holder := trained_elsewhere(run)):
@@ -437,7 +438,7 @@ def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path"{{ ", tak
         return
     if not zipfile.is_zipfile(path) or "state_dict" not in _checkpoint_keys(path):
         raise DataError(
-            f"{path} is not a Lightning checkpoint: point {option} at a .ckpt file that training wrote "
+            f"{path} is not a Lightning checkpoint, or is damaged: point {option} at a .ckpt file that training wrote "
 {%- if cookiecutter.inference == "yes" %}
             "(runs/<project>/<run>/checkpoints/)" + (" or at an .onnx export." if takes_onnx else ".")
 {%- else %}

@@ -8,6 +8,7 @@ a SIGTERM or Ctrl-C ends a command that waits for its other processes in torch's
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from multiprocessing import forkserver, resource_tracker
@@ -81,12 +82,12 @@ def _end_on_sigterm_from(owner: int, parent: int) -> None:
 
 @contextlib.contextmanager
 def ends_while_blocked(on_stop: Callable[[int], None]) -> Iterator[None]:
-    """A SIGTERM or Ctrl-C that the main thread does not take within a second, as it waits in code
-    that never returns to Python (where the handlers run), ends the process: `on_stop(signum)`, then
-    the status the signal's default would give. torch's rendezvous is such a wait: the processes of
-    a run that never all start (a node that failed, num_nodes larger than the nodes launched) wait
+    """A SIGTERM or Ctrl-C that has not ended the block a second later, as the main thread waits in
+    code that does not return to Python (where the handlers run), ends the process: `on_stop(signum)`,
+    then the status the signal's default would give. torch's rendezvous is such a wait: the processes
+    of a run that never all start (a node that failed, num_nodes larger than the nodes launched) wait
     there for half an hour. Python's C handler tells a watcher thread of each signal through the
-    wakeup fd; one the main thread takes ends the block and the watch with it."""
+    wakeup fd; the handlers in place meanwhile raise, which ends the block and the watch with it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -98,8 +99,11 @@ def ends_while_blocked(on_stop: Callable[[int], None]) -> Iterator[None]:
     def watch() -> None:
         while signum := os.read(read, 1)[0]:  # 0: the block has ended
             if signum in (signal.SIGTERM, signal.SIGINT) and not left.wait(1.0):
-                on_stop(signum)
-                os._exit(128 + signum)
+                try:
+                    on_stop(signum)
+                finally:  # whatever on_stop met: nothing else would end the process
+                    sys.stdout.flush()
+                    os._exit(128 + signum)
 
     watcher = threading.Thread(target=watch, name="stop-while-blocked", daemon=True)
     watcher.start()
