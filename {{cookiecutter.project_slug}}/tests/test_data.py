@@ -394,7 +394,7 @@ def trainer_of(processes: int) -> SimpleNamespace:
     first_epoch = SimpleNamespace(epoch_progress=SimpleNamespace(current=SimpleNamespace(processed=0)))
     shards = {"num_replicas": processes, "rank": 0}
     return SimpleNamespace(world_size=processes, num_devices=processes, accelerator=None, global_rank=0,
-                           distributed_sampler_kwargs=shards, fit_loop=first_epoch)  # fmt: skip
+                           distributed_sampler_kwargs=shards, fit_loop=first_epoch, validating=False)  # fmt: skip
 
 
 def test_every_process_keeps_a_full_batch(tiny_shapes):

@@ -19,8 +19,8 @@ def next_epoch(trainer: L.Trainer) -> int:
     validation, the one after it, which the loop counts only once the validation ends (a checkpoint
     saved there resumes into the next epoch, whose order LitData's loader counts itself)."""
     closing = (
-        trainer.state.fn == TrainerFn.FITTING
-        and trainer.validating
+        trainer.validating
+        and trainer.state.fn == TrainerFn.FITTING
         and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
     )
     return trainer.fit_loop.epoch_progress.current.processed + closing
