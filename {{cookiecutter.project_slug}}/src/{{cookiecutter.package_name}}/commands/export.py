@@ -106,7 +106,7 @@ def main(args: list[str]) -> int:
     refuse_sharded(options.checkpoint)
     output = options.output or options.checkpoint.with_suffix(f".{form}")
     check_output_file(output, "--output" if options.output else "The default --output", "file")
-    if output.suffix.lower() != f".{form}":  # classify and serve tell an ONNX file by its suffix
+    if output.suffix.lower() != f".{form}":  # the Predictor tells an ONNX file by its suffix
         chooses = "" if options.format else " (its suffix, .onnx or .pt2, chooses the format)"
         named = output.with_suffix(f".{form}")
         raise ConfigError(f"--output {output} does not end in .{form}: name it {named}{chooses}.")

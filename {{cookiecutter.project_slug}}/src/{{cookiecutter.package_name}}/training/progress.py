@@ -16,8 +16,8 @@ FIRST_LINE_STEPS = 10
 def next_epoch(trainer: L.Trainer) -> int:
     """The epoch a fit trains next. A resumed run's first, too, where Lightning's current_epoch may
     still be the checkpoint's (saved at an epoch's end, with max_steps set); in an epoch's closing
-    validation, the one after it, which the loop counts only once the validation ends (a checkpoint
-    saved there resumes into the next epoch, whose order LitData's loader counts itself)."""
+    validation, the one after it, which the loop counts only once the validation ends: a checkpoint
+    saved there resumes into that epoch, which a loader that counts its own epochs must be told."""
     closing = (
         trainer.validating
         and trainer.state.fn == TrainerFn.FITTING
