@@ -52,7 +52,7 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--data.data_dir=data/shpes", "--data.synthetic=true"], "Data folder data/shpes does not exist: fix"),
         (
             ["--ckpt_path=configs/default.yaml"],
-            "configs/default.yaml is not a Lightning checkpoint: point --ckpt_path "
+            "configs/default.yaml is not a Lightning checkpoint, or is damaged: point --ckpt_path "
             "at a .ckpt file that training wrote (runs/<project>/<run>/checkpoints/).",
         ),
         (["--data.batch_size=many"], "error: --data.batch_size: many is not a whole number"),

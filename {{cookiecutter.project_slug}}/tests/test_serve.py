@@ -353,7 +353,7 @@ def test_without_litserve_it_says_how_to_install_it(monkeypatch, capsys):
     [
         (
             ["--model=notes.txt"],
-            "notes.txt is not a Lightning checkpoint: point --model at a .ckpt file that training "
+            "notes.txt is not a Lightning checkpoint, or is damaged: point --model at a .ckpt file that training "
             "wrote (runs/<project>/<run>/checkpoints/) or at an .onnx export.",
         ),
         (["--model=broken.onnx"], "broken.onnx is not an ONNX model onnxruntime can run"),
