@@ -385,7 +385,7 @@ def test_a_run_whose_other_processes_never_start_ends_on_sigterm_or_ctrl_c(in_pr
         os.kill(launcher.pid, stop)
     else:
         os.killpg(launcher.pid, stop)
-    assert launcher.wait(timeout=30) == 128 + stop
+    assert launcher.wait(timeout=60) == 128 + stop
     reader.join(timeout=30)
     said_how = "SIGTERM" if stop == signal.SIGTERM else "Ctrl-C"
     expected = f"Stopped by {said_how} while waiting for all 4 processes of the run to start: nothing to save."
