@@ -552,7 +552,7 @@ def stopped_waiting(strategy: ParallelStrategy, signum: int) -> None:
     started = take_over_started_processes(strategy)
     for process in started:
         process.send_signal(signum)
-    wait_for(started, seconds=5)  # nothing to save: one that a Ctrl-C met in Python may hang in its teardown
+    wait_for(started, seconds=5)  # they have nothing to save: not waited for long
     release_run()
     if is_first_process():
         said = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
