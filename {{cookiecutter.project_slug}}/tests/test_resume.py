@@ -820,12 +820,11 @@ def test_a_ctrl_c_before_training_ends_the_command_in_one_line_with_its_status(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli.ImageDataModule, "setup", interrupted)
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        run_command(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), status=128 + signal.SIGINT)
-    finally:
-        signal.signal(signal.SIGINT, previous)  # Lightning's shutdown left Ctrl-C ignored in this process
+    before = signal.getsignal(signal.SIGINT)
+    run_command(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), status=128 + signal.SIGINT)
     assert capsys.readouterr().err.strip().splitlines()[-1] == "Stopped by Ctrl-C."
+    # Lightning's shutdown left Ctrl-C ignored: the process's next commands, and those they start, took none.
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_a_damaged_last_checkpoint_is_refused_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes):

@@ -919,6 +919,7 @@ def main(args: list[str] | None = None) -> None:
     silence_dependency_noise()
     # Set before training, Lightning's handlers and CheckpointOnStop's replace it while training runs.
     outside_training = signal.signal(signal.SIGTERM, stop_outside_training)
+    interrupt = signal.getsignal(signal.SIGINT)  # Lightning's shutdown at a Ctrl-C leaves it ignored
     try:
         with stop_unhidden():
             run_command(sys.argv[1:] if args is None else args, args)
@@ -960,6 +961,7 @@ def main(args: list[str] | None = None) -> None:
         release_run()  # a notebook's or a test's process goes on; other commands may write into the run
         GIVEN.clear()
         signal.signal(signal.SIGTERM, outside_training)
+        signal.signal(signal.SIGINT, interrupt)  # for a notebook's or a test's next command, and what it starts
 
 
 def options_given(args: list[str], group: str) -> set[str]:
