@@ -953,10 +953,11 @@ def main(args: list[str] | None = None) -> None:
     except (KeyboardInterrupt, SystemExit) as stop:  # after SIGTERMException's, a SystemExit too
         if not stopped_by_ctrl_c(stop):
             raise
-        finish_wandb_run(exit_code=128 + signal.SIGINT)
+        status = exit_status(stop)
+        finish_wandb_run(exit_code=status)
         if is_first_process():
             print("\nStopped by Ctrl-C.", file=sys.stderr)  # after the ^C, or a progress bar, the terminal shows
-        sys.exit(128 + signal.SIGINT)
+        sys.exit(status)
     finally:
         release_run()  # a notebook's or a test's process goes on; other commands may write into the run
         GIVEN.clear()

@@ -22,7 +22,7 @@ from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingErro
 from ..training.predictions import csv_header, csv_row, top_classes
 from ..training.resume import check_checkpoint
 from ..training.run_folders import best_checkpoint
-from .predictor import Predictor, check_device
+from .predictor import Predictor, check_device, is_onnx
 
 
 def image_files(inputs: list[Path]) -> list[Path]:
@@ -79,7 +79,7 @@ def main(args: list[str]) -> int:
     check_device(options.device)
 
     checkpoint = options.checkpoint or best_checkpoint(options.runs or configured_runs(), "--checkpoint")
-    if checkpoint.suffix.lower() != ".onnx":
+    if not is_onnx(checkpoint):
         check_checkpoint(str(checkpoint), "--checkpoint", takes_onnx=True)
     paths = image_files(options.images)
     read = {os.path.abspath(path): "one of the images" for path in paths} | {os.path.abspath(checkpoint): "the model"}

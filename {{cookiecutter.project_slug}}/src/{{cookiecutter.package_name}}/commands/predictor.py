@@ -47,6 +47,11 @@ def check_device(name: str) -> None:
         raise ConfigError(f"--device {name}: this machine has no Apple GPU (MPS). Use --device cpu.")
 
 
+def is_onnx(model: Path) -> bool:
+    """Whether `model` is an ONNX export (`export` names it so), else a checkpoint."""
+    return model.suffix.lower() == ".onnx"
+
+
 def onnx_session(model: Path, device: str = "cpu"):
     if find_spec("onnxruntime") is None:
         raise ConfigError(f'{model} needs onnxruntime to run: pip install -e ".[export]"')
@@ -75,7 +80,7 @@ class Predictor:
         if not model.is_file():
             raise MissingError(f"{model} is not a file: pass a checkpoint (.ckpt) or an ONNX export (.onnx).")
         self.model = model
-        self.is_onnx = model.suffix.lower() == ".onnx"
+        self.is_onnx = is_onnx(model)
         if self.is_onnx:
             # The session is only read here: onnxruntime's threads must not be alive when a process forks.
             metadata = onnx_session(model).get_modelmeta().custom_metadata_map

@@ -37,7 +37,7 @@ from ..training.predictions import top_classes
 from ..training.resume import check_checkpoint
 from ..training.run_folders import best_checkpoint
 from .image_requests import BadImageRequest, Limits, image_bytes, read_body
-from .predictor import Predictor, check_device
+from .predictor import Predictor, check_device, is_onnx
 
 try:  # the `serve` extra
     import litserve as ls
@@ -262,7 +262,7 @@ def main(args: list[str]) -> int:
     devices = check_devices(options.device, options.devices)
     check_port(options.host, options.port)
     model = options.model or best_checkpoint(options.runs or configured_runs(), "--model")
-    if model.suffix.lower() != ".onnx":
+    if not is_onnx(model):
         check_checkpoint(str(model), "--model", takes_onnx=True)
 
     predictor = Predictor(model)
