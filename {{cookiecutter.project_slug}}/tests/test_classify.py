@@ -110,6 +110,11 @@ def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path
         (["--output=."], "--output . is a folder: name the CSV file to write."),
         (["--output=configs/default.yaml/top.csv"], "is under configs/default.yaml, which is not a folder: name a"),
         (["--output=IMAGE"], "is one of the images: name the CSV to write."),  # it was written over
+        pytest.param(
+            ["--output=/dev/full"],
+            "error: No space left on device (free some space, or write elsewhere)",
+            marks=pytest.mark.skipif(not Path("/dev/full").exists(), reason="a full disk is Linux's /dev/full"),
+        ),
     ],
 )
 def test_wrong_options_end_in_one_line(monkeypatch, capsys, trained, tiny_shapes, given, expected):

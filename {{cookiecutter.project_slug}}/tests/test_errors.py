@@ -1,5 +1,6 @@
 """Every mistake in the options, the data or the files ends in one line, `error: <problem and fix>`."""
 
+import errno
 import shutil
 import sys
 from importlib.util import find_spec
@@ -18,6 +19,7 @@ from {{ cookiecutter.package_name }}.errors import (
     DataError,
     MissingError,
     other_process_gone,
+    refused_by_file_system,
 )
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 from {{ cookiecutter.package_name }}.training.resume import check_checkpoint
@@ -368,6 +370,15 @@ def test_runs_that_cannot_be_written_are_refused_in_one_line(monkeypatch, capsys
         f"error: Cannot write the runs into taken/runs ({in_project_copy / 'taken'} is not a folder)"
     )
     assert "point --trainer.logger.save_dir at a folder you can write" in message
+
+
+def test_a_file_systems_refusal_is_told_with_the_file_and_its_fix_and_no_other_error_is():
+    refused = PermissionError(errno.EACCES, "Permission denied", "runs/shapes/version_3/checkpoints/last.ckpt")
+    assert refused_by_file_system(refused) == (
+        "Permission denied: runs/shapes/version_3/checkpoints/last.ckpt (use a path this user may write and read)"
+    )
+    assert refused_by_file_system(OSError(errno.EIO, "Input/output error")) is None
+    assert refused_by_file_system(RuntimeError("No space left on device")) is None
 
 
 def test_default_root_dir_holds_the_runs(monkeypatch, in_project_copy, tiny_shapes):

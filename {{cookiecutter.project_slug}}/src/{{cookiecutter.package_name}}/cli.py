@@ -48,6 +48,7 @@ from .errors import (
     likely_meant,
     one_line,
     other_process_gone,
+    refused_by_file_system,
     wants_traceback,
 )
 from .hardware.checks import check_hardware, settle_precision
@@ -941,6 +942,10 @@ def main(args: list[str] | None = None) -> None:
         if wants_traceback() or not (gone := other_process_gone(error)):
             raise
         sys.exit(f"error: {gone}")
+    except OSError as error:  # after UserError's: MissingError is one too
+        if wants_traceback() or not (refused := refused_by_file_system(error)):
+            raise
+        sys.exit(f"error: {refused}")
     except SIGTERMException as stopped:
         # The command that resumes comes last, after W&B's closing lines (which it prints at exit, colour
         # codes and all, unless finished here); and with a failure status, which Lightning would not give.

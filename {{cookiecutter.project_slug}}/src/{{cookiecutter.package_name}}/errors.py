@@ -7,6 +7,7 @@ Each class is also the built-in error it stands for, for code that catches that.
 
 import argparse
 import difflib
+import errno
 import os
 import re
 import sys
@@ -24,6 +25,15 @@ TRACEBACK_VARIABLE = "{{ cookiecutter.package_name | upper }}_TRACEBACK"
 GLOO = r"gloo/\S+\] "  # the source file's path that begins gloo's messages
 PEER_GONE = re.compile(rf"{GLOO}.*(by peer|Broken pipe)|NCCL communicator was aborted|remote process exited")
 PEER_LATE = re.compile(rf"{GLOO}.*Timed out waiting \d+ms|^Application timeout caused pair closure|Watchdog caught")
+# The file system's refusals, each with its fix: whatever the command was writing (a checkpoint, a CSV).
+REFUSED_WRITES = {
+    errno.ENOSPC: "free some space, or write elsewhere",
+    errno.EDQUOT: "free some of your quota, or write elsewhere",
+    errno.EFBIG: "write to a file system that takes larger files",
+    errno.EROFS: "write to a folder outside it",
+    errno.EACCES: "use a path this user may write and read",
+    errno.EPERM: "use a path this user may write and read",
+}
 
 
 class UserError(Exception):
@@ -134,6 +144,14 @@ def other_process_gone(error: BaseException) -> str | None:
             "(trainer.strategy.init_args.timeout): it is stuck, or far slower at something only it does"
         )
     return None
+
+
+def refused_by_file_system(error: BaseException) -> str | None:
+    """The line for a file system's refusal (a full disk, a read-only folder, a missing permission) of
+    any command's writing or reading; None for any other error."""
+    if not isinstance(error, OSError) or (fix := REFUSED_WRITES.get(error.errno)) is None:
+        return None
+    return f"{error.strerror}{f': {error.filename}' if error.filename else ''} ({fix})"
 
 
 def one_line(error: BaseException) -> str:
