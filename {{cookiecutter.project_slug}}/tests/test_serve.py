@@ -135,8 +135,8 @@ def model(tmp_path_factory, tiny_shapes) -> Iterator[Path]:
     shutil.rmtree(folder)  # its checkpoints and export are 300 MB, for this module only
 
 
-def post(port: int, body: bytes, content_type: str | None) -> tuple[int, dict]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=body, method="POST")
+def post(port: int, body: bytes | None, content_type: str | None, path="/predict", method="POST") -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
     if content_type:
         request.add_header("Content-Type", content_type)
     try:
@@ -213,6 +213,9 @@ def test_the_server_answers_as_classify_under_concurrency_and_refuses_bad_input(
     for name, (request, status) in bad.items():
         got, answer = post(port, *request)
         assert got == status and set(answer) == {"error"} and answer["error"], (name, got, answer)
+    # A wrong path or method is answered in the same form, not as FastAPI's {"detail": ...}.
+    assert post(port, None, None, method="GET") == (405, {"error": "Method Not Allowed"})
+    assert post(port, encoded((40, 30)), PNG, path="/predit") == (404, {"error": "Not Found"})
     # And it keeps serving.
     path = paths[0]
     assert answered_as(post(port, path.read_bytes(), PNG)[1], expected[path], 1e-5)

@@ -43,6 +43,7 @@ try:  # the `serve` extra
     import litserve as ls
     from fastapi import Depends, HTTPException, Request
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as AnyHTTPException  # FastAPI's, and the router's 404 and 405
 except ImportError as missing:
     raise ConfigError('Serving needs LitServe, the serve extra: pip install -e ".[serve]"') from missing
 
@@ -138,7 +139,7 @@ class ClassifierServer(ls.LitServer):
         super()._perform_graceful_shutdown(manager, uvicorn_workers, shutdown_reason)
 
 
-async def error_as_json(request: Request, error: HTTPException) -> JSONResponse:
+async def error_as_json(request: Request, error: AnyHTTPException) -> JSONResponse:
     return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
 
 
@@ -274,7 +275,7 @@ def main(args: list[str]) -> int:
     )  # fmt: skip
     server.app.state.predictor = predictor
     server.app.state.limits = Limits(options.max_request_bytes, options.max_image_bytes, options.max_pixels)
-    server.app.add_exception_handler(HTTPException, error_as_json)
+    server.app.add_exception_handler(AnyHTTPException, error_as_json)
     stop = stop_on_signal(options.port)
     signal.signal(signal.SIGTERM, stop)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored from the start (`serve &` in a script): kept so
