@@ -22,6 +22,7 @@ from torchvision.transforms import v2
 from .datasets import shapes
 from .datasets.folders import (
     SPLIT_NAMES,
+    check_val_fraction,
     find_classes,
     fold_pool,
     fold_samples,
@@ -187,8 +188,7 @@ class ImageDataModule(L.LightningDataModule):
             raise ConfigError(f"data.basic_augment_epochs must be 0 or more, got {basic_augment_epochs}")
         if num_workers != "auto" and num_workers < 0:
             raise ConfigError(f"data.num_workers must be 0 or more (or auto), got {num_workers}")
-        if not 0 < val_fraction < 1:
-            raise ConfigError(f"data.val_fraction must be above 0 and below 1, got {val_fraction}")
+        check_val_fraction(val_fraction, "data.val_fraction")
         if not 0 < min_crop_scale <= 1:
             raise ConfigError(f"data.min_crop_scale must be above 0 and at most 1, got {min_crop_scale}")
         if not 0 <= random_erasing <= 1:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..data import ImageDataModule, usable_cpus
-from ..datasets.folders import find_classes, split_samples, train_folder
+from ..datasets.folders import check_val_fraction, find_classes, split_samples, train_folder
 from ..datasets.streaming import check_storage, delete_manifest, join, write_manifest, write_split
 from ..errors import PACKAGE, CommandParser, ConfigError, MissingError
 from ..hardware.network import is_remote
@@ -56,8 +56,7 @@ def check_output(output: str) -> None:
 def shard(images: Path, output: str, val_fraction: float, split_seed: int, workers: int, chunk_bytes: int) -> dict:
     if not images.is_dir():
         raise MissingError(f"{images} is not a folder: give the image folder (class folders, or train/ and val/).")
-    if not 0 < val_fraction < 1:  # as data.val_fraction
-        raise ConfigError(f"--val_fraction must be above 0 and below 1, got {val_fraction}")
+    check_val_fraction(val_fraction, "--val_fraction")
     if not is_remote(output) and os.path.lexists(output) and not Path(output).is_dir():
         raise ConfigError(f"The output {output} is a file: name a folder to write the shards into.")
     if not is_remote(output) and Path(output).resolve().is_relative_to(images.resolve()):

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from ..errors import DataError, MissingError
+from ..errors import ConfigError, DataError, MissingError
 from .images import IMAGE_SUFFIXES, first_readable, looks_like_an_image
 from .shapes import is_built_in
 
@@ -62,6 +62,12 @@ def train_folder(data_dir: Path) -> Path:
             "class folders into train/, or the split folders out, so no image is both trained and tested on."
         )
     return data_dir
+
+
+def check_val_fraction(val_fraction: float, option: str) -> None:
+    """Refuse a held-out share that leaves no image to train on, or none to validate on."""
+    if not 0 < val_fraction < 1:
+        raise ConfigError(f"{option} must be above 0 and below 1, got {val_fraction}")
 
 
 def split_samples(
