@@ -91,7 +91,7 @@ from .training.resume import (
     saved_checkpoint,
 )
 from .training.run_folders import check_writable, hold_run, is_first_process, release_run
-from .training.sigterm import ends_while_blocked
+from .training.sigterm import ends_while_blocked, signal_said
 {%- if cookiecutter.logger == "wandb" %}
 from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -556,9 +556,9 @@ def stopped_waiting(strategy: ParallelStrategy, signum: int) -> None:
     wait_for(started, seconds=5)  # they have nothing to save: not waited for long
     release_run()
     if is_first_process():
-        said = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
         waited = f"all {strategy.world_size} processes of the run"
-        print(f"Stopped by {said} while waiting for {waited} to start: nothing to save.", file=sys.stderr, flush=True)
+        said = f"Stopped by {signal_said(signum)} while waiting for {waited} to start: nothing to save."
+        print(said, file=sys.stderr, flush=True)
 
 
 class ClassifierCLI(LightningCLI):

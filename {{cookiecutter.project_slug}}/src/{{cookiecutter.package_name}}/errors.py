@@ -29,7 +29,7 @@ PEER_LATE = re.compile(rf"{GLOO}.*Timed out waiting \d+ms|^Application timeout c
 REFUSED_WRITES = {
     errno.ENOSPC: "free some space, or write elsewhere",
     errno.EDQUOT: "free some of your quota, or write elsewhere",
-    errno.EFBIG: "write to a file system that takes larger files",
+    errno.EFBIG: "raise the file-size limit (ulimit -f), or write elsewhere",
     errno.EROFS: "write to a folder outside it",
     errno.EACCES: "use a path this user may write and read",
     errno.EPERM: "use a path this user may write and read",

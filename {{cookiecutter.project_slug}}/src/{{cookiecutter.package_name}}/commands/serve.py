@@ -149,8 +149,7 @@ def stop_on_signal(port: int):
     path, once the connections the kernel had already accepted are taken and their requests read."""
 
     def stop(signum: int, frame) -> None:
-        said = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-        print(f"{said}: answering the requests in flight, then stopping.", flush=True)
+        print(f"{sigterm.signal_said(signum)}: answering the requests in flight, then stopping.", flush=True)
         for each in STOPS:  # a second one (or the other) must not cut the drain short
             signal.signal(each, signal.SIG_IGN)
         listener = stop_taking_connections(port)

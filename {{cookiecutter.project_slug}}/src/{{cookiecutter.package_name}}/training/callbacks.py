@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ..errors import ConfigError, UserError
+from .sigterm import signal_said
 
 
 class CheckpointOnStop(L.Callback):
@@ -134,9 +135,8 @@ class CheckpointOnStop(L.Callback):
         self._saving_in_validation = trainer.validating
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part, as sharded strategies need
         exception.saved = path  # cli.main then prints the command that resumes, as the last line
-        said = "Ctrl-C" if self.stopped_by == signal.SIGINT else "SIGTERM"
         during = ", during validation, which the resumed run does again" if trainer.validating else ""
-        rank_zero_info(f"{said}: saved {path} at step {trainer.global_step}{during}.")
+        rank_zero_info(f"{signal_said(self.stopped_by)}: saved {path} at step {trainer.global_step}{during}.")
 
 
 def take_over_started_processes(strategy: Strategy) -> list[subprocess.Popen]:

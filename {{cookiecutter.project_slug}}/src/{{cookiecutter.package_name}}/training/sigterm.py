@@ -14,6 +14,11 @@ from collections.abc import Callable, Iterator
 from multiprocessing import forkserver, resource_tracker
 
 
+def signal_said(signum: int) -> str:
+    """A stop's signal as a user names it: Ctrl-C, or SIGTERM (Slurm, docker stop, kill)."""
+    return "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+
+
 def leave_to(owner: int) -> None:
     """In a helper process: a SIGTERM from `owner` still ends it (through the handler it sets, or at
     once), and one from anyone else is left to `owner` while it lives; a helper whose owner has ended
