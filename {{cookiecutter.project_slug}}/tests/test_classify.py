@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_CPU, on_data, refusal, run_cli, run_command
+from conftest import ON_CPU, disk_full_past, on_data, refusal, run_cli, run_command
 from PIL import Image
 
 from {{ cookiecutter.package_name }}.commands.classify import image_files
@@ -149,6 +149,25 @@ def test_only_unreadable_images_is_a_failure_that_keeps_the_earlier_output(monke
         line = refusal(monkeypatch, capsys, "classify", str(tmp_path / "notes.png"), f"--output={earlier}")
     assert "None of the 1 images could be read" in line
     assert earlier.read_text() == "path,class_1,probability_1\n"
+
+
+def test_a_full_disk_while_the_csv_is_written_keeps_the_earlier_one(monkeypatch, capsys, trained, tiny_shapes):
+    (folder := trained / "classified").mkdir()
+    earlier = folder / "predictions.csv"
+    earlier.write_text("path,class_1,probability_1\n")
+    capsys.readouterr()
+    with disk_full_past(200):  # the test images' CSV is kilobytes
+        line = refusal(monkeypatch, capsys, "classify", str(tiny_shapes / "test"), f"--output={earlier}")
+    assert line == "error: File too large (raise the file-size limit (ulimit -f), or write elsewhere)"
+    assert earlier.read_text() == "path,class_1,probability_1\n"
+    assert [path.name for path in folder.iterdir()] == ["predictions.csv"], "staging file left behind"
+
+
+def test_a_linked_csv_is_written_through_its_link(monkeypatch, trained, tiny_shapes, tmp_path):
+    (tmp_path / "latest.csv").symlink_to(tmp_path / "classified.csv")
+    run_command(monkeypatch, "classify", str(tiny_shapes / "test"), f"--output={tmp_path / 'latest.csv'}")
+    assert (tmp_path / "latest.csv").is_symlink()
+    assert (tmp_path / "classified.csv").read_text().startswith("path,")
 
 
 def test_an_onnx_export_classifies_as_its_checkpoint_into_a_new_folder(monkeypatch, trained, tiny_shapes):

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from .checkpoint_io import written_whole
 from .reports import report_folder
 
 
@@ -70,7 +71,7 @@ class PredictionsCSV(L.Callback):
         folder = report_folder(trainer) or Path.cwd()
         folder.mkdir(parents=True, exist_ok=True)
         output = folder / f"predictions_{trainer.datamodule.predicted_split}.csv"
-        with output.open("w", newline="") as file:
+        with written_whole(output, newline="") as file:  # a full disk leaves an earlier CSV whole
             writer = csv.writer(file)
             writer.writerow(csv_header(self.top_k, len(pl_module.label_names())))
             writer.writerows(csv_row(path, top) for path, top in sorted(rows.items()))
