@@ -19,8 +19,7 @@ from ..cli import configured_runs
 from ..datasets.folders import image_files_under, other_images_warning
 from ..datasets.images import IMAGE_SUFFIXES, labelled_image
 from ..errors import PACKAGE, CommandParser, ConfigError, DataError, MissingError, check_output_file
-from ..training.checkpoint_io import written_whole
-from ..training.predictions import csv_header, csv_row, top_classes
+from ..training.predictions import csv_header, csv_row, top_classes, written_csv
 from ..training.resume import check_checkpoint
 from ..training.run_folders import best_checkpoint
 from .predictor import Predictor, check_device, is_onnx
@@ -91,7 +90,7 @@ def main(args: list[str]) -> int:
     if not rows:  # refused before --output is opened: an earlier file there stays
         raise DataError(f"None of the {len(paths)} images could be read (the warnings above name them).")
     options.output.parent.mkdir(parents=True, exist_ok=True)
-    with written_whole(options.output, newline="") as file:  # a full disk leaves an earlier CSV whole
+    with written_csv(options.output) as file:
         writer = csv.writer(file)
         writer.writerow(csv_header(options.top_k, len(predictor.class_names)))
         writer.writerows(csv_row(path, top) for path, top in rows)

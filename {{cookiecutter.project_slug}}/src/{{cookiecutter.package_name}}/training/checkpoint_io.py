@@ -52,11 +52,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def written_whole(path: Path, mode: str = "w", newline: str | None = None) -> Iterator[IO]:
     """A file to write `path`'s new content into, renamed onto `path` once the block ends and the
     content is on disk: a kill or a full disk while writing leaves the old file as it was."""
-    if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
-        # A link (/dev/stdout, or one a user made) or a device is written through, never replaced.
-        with path.open(mode, newline=newline) as file:
-            yield file
-        return
     # Beside its place, not in /tmp: a rename cannot cross file systems.
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

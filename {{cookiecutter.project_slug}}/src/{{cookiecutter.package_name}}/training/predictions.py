@@ -1,7 +1,10 @@
 """Top classes as CSV rows, {{ "the one format of `classify` and of `predict`" if cookiecutter.inference == "yes" else "what `predict` writes" }} (PredictionsCSV)."""
 
 import csv
+import os
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import IO
 
 import lightning as L
 import torch
@@ -34,6 +37,14 @@ def top_classes(probabilities: torch.Tensor, names: list[str], top_k: int) -> li
         [(names[index], value) for index, value in zip(indices, values, strict=True)]
         for values, indices in zip(top.values.tolist(), top.indices.tolist(), strict=True)
     ]
+
+
+def written_csv(path: Path) -> AbstractContextManager[IO]:
+    """The CSV file to write at `path`: written whole, so that a full disk midway leaves an earlier one
+    as it was; a link (one a user made, /dev/stdout) or a device is written through, never replaced."""
+    if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+        return path.open("w", newline="")
+    return written_whole(path, newline="")
 
 
 class PredictionsCSV(L.Callback):
@@ -71,7 +82,7 @@ class PredictionsCSV(L.Callback):
         folder = report_folder(trainer) or Path.cwd()
         folder.mkdir(parents=True, exist_ok=True)
         output = folder / f"predictions_{trainer.datamodule.predicted_split}.csv"
-        with written_whole(output, newline="") as file:  # a full disk leaves an earlier CSV whole
+        with written_csv(output) as file:
             writer = csv.writer(file)
             writer.writerow(csv_header(self.top_k, len(pl_module.label_names())))
             writer.writerows(csv_row(path, top) for path, top in sorted(rows.items()))
