@@ -1,6 +1,7 @@
 """Every mistake in the options, the data or the files ends in one line, `error: <problem and fix>`."""
 
 import errno
+import re
 import shutil
 import sys
 from importlib.util import find_spec
@@ -283,6 +284,15 @@ def test_checkpoint_paths_are_checked_before_anything_reads_them(tmp_path):
         check_checkpoint(str(weights_only))
     with pytest.raises(MissingError, match="no such file"):
         check_checkpoint(str(tmp_path / "best_model.ckpt"))
+    # A run folder, or its checkpoints/, given for one of its checkpoints: the fix names one.
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"run is a folder, .* \(FSDP or DeepSpeed\): name a checkpoint file\.$"):
+        check_checkpoint(str(tmp_path / "run"))
+    for name in ("epoch=0-step=4.ckpt", "last.ckpt"):
+        torch.save({"state_dict": {}}, tmp_path / "run" / "checkpoints" / name)
+    for given in ("run", "run/checkpoints"):
+        with pytest.raises(DataError, match=re.escape(f"in it, such as {tmp_path / 'run/checkpoints/last.ckpt'}.")):
+            check_checkpoint(str(tmp_path / given))
 
 
 @pytest.mark.parametrize("layout", ["missing", "a file", "one class", "empty class", "one folder more"])

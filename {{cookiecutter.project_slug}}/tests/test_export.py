@@ -81,7 +81,7 @@ def test_the_check_images_come_from_every_class_of_a_folder_not_the_first(tiny_s
         (["missing.ckpt"], "CHECKPOINT missing.ckpt: no such file or folder."),
         (["notes.txt"], "notes.txt is not a Lightning checkpoint"),
         (["sharded"], "sharded is a sharded checkpoint: make it one file with `consolidate` first."),
-        (["RUN"], "is a folder but not a sharded checkpoint (FSDP or DeepSpeed)."),
+        (["RUN"], "is a folder, and no sharded checkpoint (FSDP or DeepSpeed): name a checkpoint in it, such as "),
         (["CHECKPOINT", "--images=notes.txt"], "None of notes.txt is a readable image: pass --images with some."),
         (["CHECKPOINT", "--images=empty"], "or its folders.): point --images at image files or folders."),
         (["CHECKPOINT", "--format=tflite"], "argument --format: invalid choice: 'tflite'"),

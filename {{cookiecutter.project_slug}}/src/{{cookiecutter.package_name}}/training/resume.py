@@ -433,8 +433,11 @@ def check_checkpoint(ckpt_path: str | None, option: str = "--ckpt_path"{{ ", tak
     if not path.exists():
         raise MissingError(f"{option} {path}: no such file or folder.")
     if path.is_dir():
-        if not is_sharded_checkpoint(path):
-            raise DataError(f"{option} {path} is a folder but not a sharded checkpoint (FSDP or DeepSpeed).")
+        if not is_sharded_checkpoint(path):  # a run folder, or its checkpoints/, given for one of its files
+            inside = sorted(path.glob("*.ckpt"), key=lambda file: file.name != "last.ckpt")
+            inside = inside or sorted(path.glob("checkpoints/*.ckpt"), key=lambda file: file.name != "last.ckpt")
+            fix = f"name a checkpoint in it, such as {inside[0]}" if inside else "name a checkpoint file"
+            raise DataError(f"{option} {path} is a folder, and no sharded checkpoint (FSDP or DeepSpeed): {fix}.")
         return
     if not zipfile.is_zipfile(path) or "state_dict" not in _checkpoint_keys(path):
         raise DataError(
