@@ -42,6 +42,23 @@ def test_a_bad_worker_list_is_refused_before_any_work(monkeypatch, capsys, in_pr
 
 
 @pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        # It named configs/trainer/auto.yaml as where the value came from.
+        (["train", "--precision=bf16-mxed"], "bf16-mxed is no precision Lightning trains in (did you mean bf16-mix"),
+        (["train", "--precision=32-true,fp8"], "fp8 is no precision Lightning trains in: give some of 32-true"),
+        (["data", "--precision=bf16-mixed"], "--precision is an option of benchmark train"),  # it was ignored
+        (["train", "--workers=2"], "--workers is an option of benchmark data"),
+    ],
+)
+def test_an_option_of_the_other_benchmark_or_an_unknown_precision_is_refused(
+    monkeypatch, capsys, in_project_copy, given, expected
+):
+    assert expected in refusal(monkeypatch, capsys, "benchmark", *given, *ON_CPU)
+    assert not (in_project_copy / "configs" / "tuned.yaml").exists()
+
+
+@pytest.mark.parametrize(
     ("what", "option"), [("data", "--batches=0"), ("train", "--steps=0"), ("train", "--warmup=-1")]
 )
 def test_a_count_that_would_time_nothing_is_refused(monkeypatch, capsys, in_project_copy, what, option):

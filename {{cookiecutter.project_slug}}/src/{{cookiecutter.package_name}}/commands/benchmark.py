@@ -11,6 +11,7 @@ the epochs after a recipe's basic ones: its augmentation policy and mixing on.
 
 import argparse
 import time
+import typing
 
 import lightning as L
 import torch
@@ -18,7 +19,7 @@ from lightning.fabric.utilities.throughput import get_available_flops, measure_f
 
 from ..cli import build
 from ..data import ImageDataModule, auto_workers, usable_cpus
-from ..errors import PACKAGE, CommandParser, ConfigError
+from ..errors import PACKAGE, CommandParser, ConfigError, likely_meant
 from ..model import ImageClassifier
 from .tuned_config import TUNED_CONFIG, update_tuned_config
 
@@ -160,7 +161,22 @@ def precision_list(text: str) -> list[str]:
     """--precision: "all" (those this machine trains in), or a comma-separated list."""
     if text == "all":
         return ["32-true", "bf16-mixed", *(["16-mixed"] if torch.cuda.is_available() else [])]
-    return [precision.strip() for precision in text.split(",") if precision.strip()]
+    asked = [precision.strip() for precision in text.split(",") if precision.strip()]
+    known = literal_values(typing.get_type_hints(L.Trainer.__init__)["precision"])
+    if unknown := [precision for precision in asked if precision not in known]:
+        meant = f" (did you mean {meant}?)" if (meant := likely_meant(unknown[0], known, n=1)) else ""
+        raise argparse.ArgumentTypeError(
+            f"{unknown[0]} is no precision Lightning trains in{meant}: give some of 32-true, bf16-mixed, "
+            "16-mixed, bf16-true, 16-true, 64-true, or all"
+        )
+    return asked
+
+
+def literal_values(hint) -> list[str]:
+    """Every value, as text, of the Literals in a type hint (Lightning's precision: ints and texts)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return [str(value) for value in typing.get_args(hint)]
+    return [value for part in typing.get_args(hint) for value in literal_values(part)]
 
 
 def worker_counts(text: str) -> list[int]:
@@ -189,6 +205,10 @@ def main(args: list[str]) -> int:
     )
     options, cli_args = parser.parse_known_args(args)
     parser.check_at_least(options, {"--batches": 1, "--steps": 1, "--warmup": 0})
+    if options.what == "data" and options.precision:  # the data's speed does not depend on it
+        parser.error("--precision is an option of benchmark train")
+    if options.what == "train" and options.workers:
+        parser.error("--workers is an option of benchmark data")
     # Timed as the run's later epochs train, with a recipe's augmentation policy and mixing on.
     cli_args = [*cli_args, "--data.basic_augment_epochs=0", "--model.unmixed_epochs=0"]
     if options.what == "data":
