@@ -22,7 +22,7 @@ from test_wandb_logging import wandb_records
 
 from {{ cookiecutter.package_name }}.commands import crossval
 from {{ cookiecutter.package_name }}.commands.crossval import METRICS
-from {{ cookiecutter.package_name }}.commands.experiment_runs import fit_in_folder
+from {{ cookiecutter.package_name }}.commands.experiment_runs import fit_in_folder, run_settings
 from {{ cookiecutter.package_name }}.errors import ConfigError
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
@@ -162,15 +162,34 @@ def test_seeds_numpy_refuses_and_names_outside_cv_are_refused_in_one_line(
 
 def test_a_call_that_trained_nothing_holds_its_folder_for_no_one(tmp_path):
     folder, runs = tmp_path / "seeds3", {"seed0": ["--seed_everything=0"]}
-    crossval.check_same_options(folder, ["--data.augment", "trivial"], runs)  # refused by fit: nothing trained
-    crossval.check_same_options(folder, ["--data.augment", "trivialaugment"], runs)
+    crossval.check_same_options(folder, ["--data.augment", "trivial"], runs, {})  # refused by fit: nothing trained
+    crossval.check_same_options(folder, ["--data.augment", "trivialaugment"], runs, {})
     (folder / "seed0").mkdir()
     (folder / "seed0" / "metrics.json").write_text("{}")
     with pytest.raises(ConfigError, match="holds runs started with other options .--data.augment trivialaugment"):
-        crossval.check_same_options(folder, ["--data.augment", "none"], runs)
-    crossval.check_same_options(folder, ["--data.augment=trivialaugment"], runs)  # spelled otherwise, the same
+        crossval.check_same_options(folder, ["--data.augment", "none"], runs, {})
+    crossval.check_same_options(folder, ["--data.augment=trivialaugment"], runs, {})  # spelled otherwise, the same
     # More seeds with the same options: the runs kept are the same experiment's.
-    crossval.check_same_options(folder, ["--data.augment", "trivialaugment"], runs | {"seed1": ["--seed_everything=1"]})
+    crossval.check_same_options(
+        folder, ["--data.augment", "trivialaugment"], runs | {"seed1": ["--seed_everything=1"]}, {}
+    )
+
+
+def test_runs_kept_go_on_only_with_the_settings_the_config_files_gave_them(monkeypatch, capsys, in_project_copy):
+    # configs/default.yaml edited between a stopped cv and the call that goes on: the folds to come
+    # trained with another learning rate than fold0, and the summary's mean mixed the two.
+    folder, runs = Path("cv/folds2"), crossval.planned_runs(2, None)
+    crossval.check_same_options(folder, ON_CPU, runs, run_settings(ON_CPU))
+    (folder / "fold0").mkdir()
+    (folder / "fold0" / METRICS).write_text("{}")
+    config = in_project_copy / "configs" / "default.yaml"
+    config.write_text(config.read_text() + "  num_workers: 0\n")  # how the images are read: it goes on
+    crossval.check_same_options(folder, ON_CPU, runs, run_settings(ON_CPU))
+    config.write_text(config.read_text() + "model:\n  lr: 0.004\n")
+    message = refusal(monkeypatch, capsys, "cv", "--folds=2", *ON_CPU)
+    assert message.startswith("error: cv/folds2 holds runs started with other settings (model.lr "), message
+    assert "-> 0.004): put the config files back as they were, or pass --name for a new set" in message
+    assert not (folder / "fold1").exists()
 
 
 def test_a_run_whose_metrics_a_full_disk_cut_short_is_trained_again(monkeypatch, capsys, tmp_path):

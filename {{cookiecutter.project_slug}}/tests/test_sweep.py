@@ -21,6 +21,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from {{ cookiecutter.package_name }}.commands import sweep
+from {{ cookiecutter.package_name }}.commands.experiment_runs import run_settings
 from {{ cookiecutter.package_name }}.commands.search_space import read_search_space
 
 # A few steps per epoch, and no progress bar in the test's output.
@@ -230,32 +231,46 @@ def test_a_study_goes_on_only_with_the_search_space_and_options_it_was_started_w
     # Its trials would not compare, and tuned.yaml would mix the best one's options with another's.
     started = optuna.create_study(direction="maximize")
     space = {"model.lr": CategoricalDistribution([0.001, 0.01])}
-    sweep.check_same_study(started, space, ["--trainer.max_epochs=1"])
+    sweep.check_same_study(started, space, ["--trainer.max_epochs=1"], {})
     started.enqueue_trial({})  # a trial to come: the study has trials to compare
-    sweep.check_same_study(started, space, ["--trainer.max_epochs=1"])  # the same again: it goes on
-    sweep.check_same_study(started, space, ["--trainer.max_epochs", "1"])  # spelled otherwise, the same
+    sweep.check_same_study(started, space, ["--trainer.max_epochs=1"], {})  # the same again: it goes on
+    sweep.check_same_study(started, space, ["--trainer.max_epochs", "1"], {})  # spelled otherwise, the same
     with pytest.raises(sweep.ConfigError, match="another search space: give the same, or start another with --study"):
-        sweep.check_same_study(started, {"model.lr": CategoricalDistribution([0.1])}, ["--trainer.max_epochs=1"])
+        sweep.check_same_study(started, {"model.lr": CategoricalDistribution([0.1])}, ["--trainer.max_epochs=1"], {})
     with pytest.raises(sweep.ConfigError, match=r"with other fit options \(--trainer.max_epochs=1\): give"):
-        sweep.check_same_study(started, space, [])
+        sweep.check_same_study(started, space, [], {})
     # The same options in another order are the same; config files, whose order decides, are not.
     options, configs = ["--trainer.max_epochs=1", "--model.lr=0.01"], ["--config=a.yaml", "--config=b.yaml"]
     group = ["--data.batch_size=4", "--data=d.yaml"]  # the later one sets the batch size
     for given, reordered, same in [(options, ["--model.lr", "0.01", "--trainer.max_epochs=1"], True),
                                    (configs, configs[::-1], False), (group, group[::-1], False)]:  # fmt: skip
         another = optuna.create_study(direction="maximize")
-        sweep.check_same_study(another, space, given)
+        sweep.check_same_study(another, space, given, {})
         another.enqueue_trial({})
         with nullcontext() if same else pytest.raises(sweep.ConfigError, match="with other fit options"):
-            sweep.check_same_study(another, space, reordered)
+            sweep.check_same_study(another, space, reordered, {})
+
+
+def test_a_study_goes_on_only_with_the_settings_the_config_files_gave_it(in_project_copy):
+    # configs/default.yaml edited between a stopped sweep and the call that goes on: trials of another
+    # length than the first, and the best of them into tuned.yaml.
+    started, space = optuna.create_study(direction="maximize"), {"model.lr": CategoricalDistribution([0.001, 0.01])}
+    sweep.check_same_study(started, space, ON_CPU, run_settings(ON_CPU, free=tuple(space)))
+    started.enqueue_trial({})
+    config = in_project_copy / "configs" / "default.yaml"
+    config.write_text(config.read_text() + "  num_workers: 0\nmodel:\n  lr: 0.5\n")  # how, and an option searched
+    sweep.check_same_study(started, space, ON_CPU, run_settings(ON_CPU, free=tuple(space)))
+    config.write_text(re.sub(r"max_epochs: \d+", "max_epochs: 99", config.read_text()))
+    with pytest.raises(sweep.ConfigError, match=r"other settings \(trainer.max_epochs \d+ -> 99\): put the config"):
+        sweep.check_same_study(started, space, ON_CPU, run_settings(ON_CPU, free=tuple(space)))
 
 
 def test_a_study_whose_trials_all_failed_takes_the_search_space_given_now():
     # Its first trial failed on a bound that the model refused (model.lr -0.5): the file put right goes on.
     started = optuna.create_study(direction="maximize")
-    sweep.check_same_study(started, {"model.lr": CategoricalDistribution([-0.5])}, [])
+    sweep.check_same_study(started, {"model.lr": CategoricalDistribution([-0.5])}, [], {})
     started.tell(started.ask(), state=TrialState.FAIL)
-    sweep.check_same_study(started, {"model.lr": CategoricalDistribution([0.01])}, [])
+    sweep.check_same_study(started, {"model.lr": CategoricalDistribution([0.01])}, [], {})
     started.enqueue_trial({})
     with pytest.raises(sweep.ConfigError, match="another search space"):
-        sweep.check_same_study(started, {"model.lr": CategoricalDistribution([-0.5])}, [])
+        sweep.check_same_study(started, {"model.lr": CategoricalDistribution([-0.5])}, [], {})

@@ -22,10 +22,12 @@ from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training.checkpoint_io import write_whole
 from ..training.run_folders import last_checkpoints
 from .experiment_runs import (
+    changed_settings,
     fit_in_folder,
     folder_name,
     gpus_for_copies,
     run_per_gpu,
+    run_settings,
     same_options,
     without_option,
     worker_part,
@@ -63,11 +65,11 @@ def planned_runs(folds: int | None, seeds: list[int] | None) -> dict[str, list[s
     }
 
 
-def check_same_options(folder: Path, cli_args: list[str], runs: dict[str, list[str]]) -> None:
+def check_same_options(folder: Path, cli_args: list[str], runs: dict[str, list[str]], settings: dict) -> None:
     """Runs kept from an earlier call count, and stopped ones go on, only with the options they were
-    started with: the same fit options, and each run's own (its fold and seed: another --folds splits
-    the images otherwise). A call that started no run (refused, or stopped before its first checkpoint)
-    holds the folder for no one."""
+    started with: the same fit options and `settings` (run_settings: what the config files set), and
+    each run's own (its fold and seed: another --folds splits the images otherwise). A call that
+    started no run (refused, or stopped before its first checkpoint) holds the folder for no one."""
     kept = folder / "options.json"
     earlier = json.loads(kept.read_text()) if kept.is_file() else {}
     if isinstance(earlier, list):  # written before each run's own options were kept
@@ -77,6 +79,11 @@ def check_same_options(folder: Path, cli_args: list[str], runs: dict[str, list[s
         if not same_options(cli_args, earlier["options"]):
             said = " ".join(earlier["options"]) or "no options"
             raise ConfigError(f"{folder} holds runs started with other options ({said}): pass --name for a new set")
+        if changed := changed_settings(earlier.get("settings", {}), settings):  # a config file edited since
+            raise ConfigError(
+                f"{folder} holds runs started with other settings ({changed}): put the config files back as they "
+                "were, or pass --name for a new set"
+            )
         if changed := [name for name in started if earlier["runs"].get(name, runs[name]) != runs[name]]:
             name = changed[0]
             raise ConfigError(
@@ -84,7 +91,8 @@ def check_same_options(folder: Path, cli_args: list[str], runs: dict[str, list[s
                 f"{' '.join(runs[name])}: pass --name for a new set"
             )
     folder.mkdir(parents=True, exist_ok=True)
-    write_whole(kept, json.dumps({"options": cli_args, "runs": earlier.get("runs", {}) | runs}))
+    settings = earlier.get("settings", settings) if earlier and started else settings
+    write_whole(kept, json.dumps({"options": cli_args, "settings": settings, "runs": earlier.get("runs", {}) | runs}))
 
 
 def train_runs(runs: dict[str, list[str]], cli_args: list[str], folder: Path) -> None:
@@ -163,7 +171,7 @@ def run(
     folder = CV / name
     copies_on = gpus_for_copies() if gpus else []
     if worker_part()[1] == 1:
-        check_same_options(folder, cli_args, runs)
+        check_same_options(folder, cli_args, runs, run_settings(cli_args))
     if copies_on:
         status = run_per_gpu(command, without_option(args, "--gpus-per-trial"), copies_on)
         if status:

@@ -15,10 +15,19 @@ import yaml
 from ..cli import build, exit_status, finish_wandb_run, resolved_config, stop_unhidden
 from ..errors import PACKAGE, ConfigError
 from ..training.quiet import silence_resume_notice
+from ..training.resume import HOW_NOT_WHAT, LINKED
 from ..training.run_folders import best_checkpoint, finished, last_checkpoints
 
 # In the copies that --gpus-per-trial starts: each is one of them, and starts none.
 WORKER_VARIABLE = "{{ cookiecutter.package_name | upper }}_EXPERIMENT_WORKER"
+# Settings that change how the runs of a study or set run, not what they compute: a call that goes
+# on with others (another machine's devices, another logger, more data workers) continues it.
+HOW_RUNS_RUN = (
+    *HOW_NOT_WHAT, *LINKED, "ckpt_path", "weights_only", "allow_resume_changes", "float32_matmul_precision",
+    *(f"trainer.{name}" for name in ("accelerator", "strategy", "devices", "num_nodes", "logger", "default_root_dir",
+                                     "enable_progress_bar", "enable_model_summary", "log_every_n_steps", "profiler",
+                                     "num_sanity_val_steps", "enable_autolog_hparams", "model_registry")),
+)  # fmt: skip
 
 
 def option(key: str, value) -> str:
@@ -61,6 +70,35 @@ def same_options(given: list[str], started: list[str]) -> bool:
         return plain and not nested and len(set(names)) == len(names)
 
     return given == started or (orderless(given) and orderless(started) and sorted(given) == sorted(started))
+
+
+def leaf_values(config: dict, prefix: str = "") -> dict[str, object]:
+    """Each option that holds a value (not a group of options) in a resolved config, by dotted name."""
+    values = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        values |= leaf_values(value, f"{name}.") if isinstance(value, dict) else {name: value}
+    return values
+
+
+def run_settings(cli_args: list[str], free: tuple[str, ...] = ()) -> dict[str, object]:
+    """What the runs of a study or a set compute with, as fit resolves it from the config files and
+    `cli_args`: every setting but those of how they run, and `free` (the options a sweep searches).
+    Kept as they began, so that a config file edited before a call that goes on is not missed."""
+    settings = leaf_values(resolved_config(cli_args))
+    callbacks = settings.get("trainer.callbacks") or []
+    settings["trainer.callbacks"] = [each for each in callbacks if not str(each.get("class_path")).endswith("Bar")]
+    return {
+        name: value for name, value in settings.items()
+        if not any(name == how or name.startswith(f"{how}.") for how in (*HOW_RUNS_RUN, *free))
+    }  # fmt: skip
+
+
+def changed_settings(started: dict[str, object], now: dict[str, object]) -> str:
+    """The settings that differ, as `name before -> now` (the first three), or "" where none does. One
+    that only one side has (an option the code gained or lost since) is left to fit's own checks."""
+    changed = [f"{name} {was!r} -> {now[name]!r}" for name, was in started.items() if name in now and was != now[name]]
+    return ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
 
 
 def monitored_metric(cli_args: list[str]) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 
 from ..cli import resolved_config
 from ..errors import ConfigError, MissingError
-from .experiment_runs import option
+from .experiment_runs import leaf_values, option
 
 RANGE_KEYS = {"low", "high", "log", "step"}
 FORMS = "a range {low: 0.001, high: 0.1, log: true} (step: for a grid) or a list of choices [basic, trivialaugment]"
@@ -33,7 +33,7 @@ def read_search_space(path: Path, cli_args: list[str]) -> dict[str, BaseDistribu
         raise ConfigError(f"{path} is not valid YAML: {getattr(error, 'problem', None) or error}") from None
     if not isinstance(space, dict) or not space:
         raise ConfigError(f"{path} must map fit options (model.lr, ...) each to {FORMS}")
-    options = leaf_options(resolved_config(cli_args))
+    options = list(leaf_values(resolved_config(cli_args)))
     distributions = {}
     for key, values in space.items():
         if key not in options:
@@ -75,15 +75,6 @@ def number(where: str, value) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{where}: low, high and step must be numbers, got {value!r}")
     return value
-
-
-def leaf_options(config: dict, prefix: str = "") -> list[str]:
-    """The dotted names of the options that hold a value (not a group of options) in a resolved config."""
-    names = []
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        names += leaf_options(value, f"{name}.") if isinstance(value, dict) else [name]
-    return names
 
 
 def check_values(path: Path, distributions: dict[str, BaseDistribution], cli_args: list[str]) -> None:

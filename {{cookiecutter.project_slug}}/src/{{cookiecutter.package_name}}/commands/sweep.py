@@ -24,12 +24,14 @@ from ..errors import PACKAGE, CommandParser, ConfigError, UserError, one_line
 from ..training.callbacks import NonFiniteLossError
 from ..training.sigterm import process_alive
 from .experiment_runs import (
+    changed_settings,
     fit_in_folder,
     folder_name,
     gpus_for_copies,
     monitored_metric,
     option,
     run_per_gpu,
+    run_settings,
     same_options,
     spelled_alike,
     without_option,
@@ -267,11 +269,12 @@ def open_study(name: str, storage: str | None, folder: Path, direction: str, pru
     return study
 
 
-def check_same_study(study, distributions: dict, cli_args: list[str]) -> None:
-    """Refuse to go on with a study started with another search space or other fit options: its
-    trials would not compare, and the best one's options would mix with another's in tuned.yaml."""
+def check_same_study(study, distributions: dict, cli_args: list[str], settings: dict) -> None:
+    """Refuse to go on with a study started with another search space, other fit options or other
+    `settings` (run_settings: what the config files set): its trials would not compare, and the best
+    one's options would mix with another's in tuned.yaml."""
     space = {name: distribution_to_json(d) for name, d in distributions.items()}
-    asked = {"space": space, "options": spelled_alike(cli_args)}
+    asked = {"space": space, "options": spelled_alike(cli_args), "settings": settings}
     held = {key: study.user_attrs[key] for key in asked if key in study.user_attrs}
     # A study all of whose trials failed (a bound the model refused, as its first trial started) has
     # nothing to compare: it goes on with the space and options given now.
@@ -281,7 +284,7 @@ def check_same_study(study, distributions: dict, cli_args: list[str]) -> None:
             study.set_user_attr(key, value)
         return
     same = {"space": held.get("space") == space, "options": same_options(cli_args, held.get("options") or [])}
-    differ = [key for key in asked if not same[key]]
+    differ = [key for key in same if not same[key]]
     if differ:
         earlier = " ".join(held.get("options") or []) or "none"
         said = {"space": "another search space", "options": f"other fit options ({earlier})"}
@@ -289,6 +292,13 @@ def check_same_study(study, distributions: dict, cli_args: list[str]) -> None:
             f"Study {study.study_name} was run with {' and '.join(said[key] for key in differ)}: "
             "give the same, or start another with --study."
         )
+    if changed := changed_settings(held.get("settings", {}), settings):  # a config file edited since
+        raise ConfigError(
+            f"Study {study.study_name} was run with other settings ({changed}): put the config files back as they "
+            "were, or start another with --study."
+        )
+    if "settings" not in held:  # a study begun before they were kept
+        study.set_user_attr("settings", settings)
 
 
 def main(args: list[str]) -> int:
@@ -333,7 +343,7 @@ def main(args: list[str]) -> int:
         # The epochs' reports count from 0: the Nth epoch's is step N - 1, the first Optuna may prune at.
         pruner = optuna.pruners.MedianPruner(options.prune_after_trials, options.prune_after_epochs - 1)
     study = open_study(name, options.storage, folder, {"max": "maximize", "min": "minimize"}[mode], pruner)
-    check_same_study(study, distributions, cli_args)
+    check_same_study(study, distributions, cli_args, run_settings(cli_args, free=tuple(distributions)))
     folder.mkdir(parents=True, exist_ok=True)  # where the trials go; a journal storage made it already
     if gpus:
         status = run_per_gpu("sweep", without_option(args, "--gpus-per-trial"), gpus)
