@@ -196,6 +196,26 @@ def test_resuming_with_ema_and_mixing_gives_the_uninterrupted_runs_weights(in_pr
     assert any(not torch.equal(averaged[name], trained[name]) for name in averaged), "an average, not a copy"
 
 
+def test_a_run_resumed_without_its_ema_goes_on_from_the_trained_weights(in_project_copy, tiny_shapes, caplog):
+    # Its checkpoint's state_dict is the average: training went on from it, with the trained weights'
+    # optimizer state, and the trained weights were lost.
+    options = ["--trainer.max_epochs=2", *logged_to("runs")]
+    fitted(tiny_shapes, *options, f"--trainer.callbacks+={EMA}", f"--trainer.callbacks+={STOP_AFTER_FIRST_EPOCH}")
+    (interrupted,) = Path("runs").glob("run/*/checkpoints/last.ckpt")
+    saved = torch.load(interrupted, weights_only=True)
+    resumed = fitted(tiny_shapes, "--trainer.max_epochs=1", *logged_to("runs"), ckpt_path=str(interrupted))
+    assert resumed.trainer.global_step == saved["global_step"], "restored, nothing trained"
+    weights = resumed.model.state_dict()
+    assert all(torch.equal(weights[name], value) for name, value in saved["current_model_state"].items())
+    assert any(not torch.equal(weights[name], value) for name, value in saved["state_dict"].items())
+    assert "training goes on from the trained weights, without the average" in caplog.text
+    # Evaluated, the checkpoint is its average, as before.
+    validated = build([*ON_CPU, *on_data(tiny_shapes), *SMALL, *logged_to("runs")])
+    validated.trainer.validate(validated.model, validated.datamodule, ckpt_path=str(interrupted))
+    weights = validated.model.state_dict()
+    assert all(torch.equal(weights[name], value) for name, value in saved["state_dict"].items())
+
+
 def test_validation_and_the_checkpoints_use_the_average(in_project_copy, tiny_shapes):
     cli = fitted(tiny_shapes, "--trainer.max_epochs=1", f"--trainer.callbacks+={EMA}", *logged_to("runs"),
                  "--trainer.limit_val_batches=1.0")  # fmt: skip

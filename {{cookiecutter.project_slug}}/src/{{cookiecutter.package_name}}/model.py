@@ -10,6 +10,7 @@ from typing import Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
@@ -477,6 +478,14 @@ class ImageClassifier(L.LightningModule):
         self._resumed_random_state = checkpoint.get("random_state")
         self._resumed_train_metrics = checkpoint.get("train_metrics_so_far")
         check_same_classes(checkpoint.get("hyper_parameters", {}).get("class_names"), self.hparams.class_names)
+        averaged = any(isinstance(callback, WeightAveraging) for callback in self.trainer.callbacks)
+        if self.trainer.state.fn == TrainerFn.FITTING and "current_model_state" in checkpoint and not averaged:
+            # Its state_dict is the average (ModelEMA's), which training would otherwise go on from.
+            checkpoint["state_dict"] = checkpoint["current_model_state"]
+            rank_zero_info(
+                "The checkpoint holds an average of the weights (ModelEMA), which is not among the callbacks "
+                "now: training goes on from the trained weights, without the average."
+            )
 
     def on_train_start(self) -> None:
         # Restored here, after the last draws that an uninterrupted run would not make (setup, the
