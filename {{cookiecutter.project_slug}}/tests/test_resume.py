@@ -450,8 +450,11 @@ def test_auto_refuses_to_continue_a_run_with_other_data_model_or_schedule_option
     other = [*TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1", "--trainer.limit_val_batches=1",
              "--data.batch_size=2", "--model.lr=0.01", "--data.num_workers=0", "--ckpt_path=auto"]  # fmt: skip
     caplog.clear()
-    message = refusal(monkeypatch, capsys, "fit", *other, "--trainer.accumulate_grad_batches=2")
+    # The data folder spelled otherwise (relative, not absolute) is the same folder: no change.
+    message = refusal(monkeypatch, capsys, "fit", *other, "--trainer.accumulate_grad_batches=2",
+                      f"--data.data_dir={os.path.relpath(tiny_shapes)}/.")  # fmt: skip
     assert "resuming from" not in caplog.text, "said of a resume it then refused"
+    assert "data_dir" not in message, message
     assert "data.batch_size 4 -> 2" in message and "model.lr 0.002 -> 0.01" in message, message
     assert "trainer.accumulate_grad_batches 1 -> 2" in message, message
     assert "num_workers" not in message and "--allow_resume_changes=true" in message

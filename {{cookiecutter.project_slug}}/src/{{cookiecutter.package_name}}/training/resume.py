@@ -208,7 +208,7 @@ def check_same_options(config: Namespace, checkpoint: Path, requested: str, defa
         was, default = trained.get(section) or {}, defaults[section]
         for name, before, now in differences(was, as_plain(config.get(section))):
             key = f"{section}.{name}"
-            if key in HOW_NOT_WHAT + LINKED + FIRST_WEIGHTS:
+            if key in HOW_NOT_WHAT + LINKED + FIRST_WEIGHTS or same_data_option(name, before, now):
                 continue
             if name not in was and name in default and now == default[name]:
                 gained.append(f"{key} {now!r}")  # added to the code since, at its default
