@@ -461,6 +461,10 @@ def test_auto_refuses_to_continue_a_run_with_other_data_model_or_schedule_option
     # The trainer's defaults are another schedule than the run's options (max_epochs 1): refused too.
     message = refusal(monkeypatch, capsys, "fit", *TRAINER, *data(tiny_shapes), "--ckpt_path=auto")
     assert "trainer.max_epochs 1 -> " in message and "trainer.limit_val_batches" not in message, message
+    # `last` raises a limit; lowered, the schedule would end sooner and its learning rate drop at once.
+    message = refusal(monkeypatch, capsys, "fit", *other[:-1], "--ckpt_path=last", "--trainer.max_steps=10",
+                      "--allow_resume_changes=false")  # fmt: skip
+    assert "trainer.max_steps -1 -> 10 (last may raise it, not lower it)" in message, message
     run_cli(monkeypatch, "fit", *other, "--allow_resume_changes=true")
     assert run_folders(in_project_copy) == [run] and (run / "checkpoints" / "finished.json").is_file()
     # The learning rate goes on from the checkpoint's, which the smaller batch would have scaled for a new run.

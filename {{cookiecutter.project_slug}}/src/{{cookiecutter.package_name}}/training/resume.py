@@ -9,6 +9,7 @@ Evaluating a run's checkpoint (validate, test, predict) logs into that run too, 
 """
 
 import json
+import math
 import os
 import shlex
 import time
@@ -222,6 +223,10 @@ def check_same_options(config: Namespace, checkpoint: Path, requested: str, defa
     was, now = trained.get("trainer") or {}, config.trainer
     changed += [f"trainer.{name} {was.get(name)!r} -> {now.get(name)!r}" for name in schedule
                 if was.get(name) != now.get(name)]  # fmt: skip
+    # `last` raises a limit to train further; lowered, the schedule would end sooner, its rate dropping at once.
+    lowered = [name for name in LIMITS if name not in schedule and unlimited(now.get(name)) < unlimited(was.get(name))]
+    changed += [f"trainer.{name} {was.get(name)!r} -> {now.get(name)!r} (last may raise it, not lower it)"
+                for name in lowered]  # fmt: skip
     if changed:
         raise ConfigError(
             f"--ckpt_path {requested} would continue {run} with other options than {saved.name} has: "
@@ -229,6 +234,11 @@ def check_same_options(config: Namespace, checkpoint: Path, requested: str, defa
             f"--{ALLOW_CHANGES}=true to continue it with these."
         )
     return gained
+
+
+def unlimited(limit: int | None) -> float:
+    """A trainer limit (max_epochs, max_steps) as a number to compare; none (None, -1) is infinite."""
+    return math.inf if limit is None or limit == -1 else limit
 
 
 def evaluate_on_trained_data(config: Namespace, given: set[str], subcommand: str) -> None:
