@@ -438,7 +438,7 @@ def test_auto_continues_the_newest_unfinished_run_not_a_newer_finished_one(
     assert saved_step(finished[0] / "checkpoints" / "last.ckpt") == 2, "the finished run is left alone"
     caplog.clear()
     run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *short, "--ckpt_path=auto")
-    assert "no run that did not finish" in caplog.text and "--ckpt_path last" in caplog.text
+    assert "no unfinished run with a checkpoints/last.ckpt" in caplog.text and "--ckpt_path last" in caplog.text
     assert len(run_folders(in_project_copy)) == 3, "every run had finished: a new one"
 
 

@@ -124,9 +124,11 @@ def resolve_resume(config: Namespace, subcommand: str, defaults: dict[str, dict]
             if unfinished:  # each one passed over: other processes train them
                 rank_zero_info(f"--ckpt_path auto: every unfinished run under {root} is being trained: a new run")
             else:
-                none = " that did not finish" if runs else ""
                 further = " (to train the newest further: --ckpt_path last --trainer.max_epochs=<more>)" if runs else ""
-                rank_zero_info(f"--ckpt_path auto: no run{none} under {root}, so this is a new run{further}")
+                rank_zero_info(  # a run whose last.ckpt is gone cannot go on, finished or not
+                    f"--ckpt_path auto: no unfinished run with a checkpoints/last.ckpt under {root}, so this is a "
+                    f"new run{further}"
+                )
             config.ckpt_path = None
             return False
         config.ckpt_path = str(found[-1])
