@@ -22,7 +22,7 @@ from ..errors import PACKAGE, CommandParser, ConfigError
 from ..training.checkpoint_io import write_whole
 from ..training.run_folders import last_checkpoints
 from .experiment_runs import (
-    changed_settings,
+    differing_settings,
     fit_in_folder,
     folder_name,
     gpus_for_copies,
@@ -79,7 +79,7 @@ def check_same_options(folder: Path, cli_args: list[str], runs: dict[str, list[s
         if not same_options(cli_args, earlier["options"]):
             said = " ".join(earlier["options"]) or "no options"
             raise ConfigError(f"{folder} holds runs started with other options ({said}): pass --name for a new set")
-        if changed := changed_settings(earlier.get("settings", {}), settings):  # a config file edited since
+        if changed := differing_settings(earlier.get("settings", {}), settings):  # a config file edited since
             raise ConfigError(
                 f"{folder} holds runs started with other settings ({changed}): put the config files back as they "
                 "were, or pass --name for a new set"

@@ -28,6 +28,8 @@ HOW_RUNS_RUN = (
                                      "enable_progress_bar", "enable_model_summary", "log_every_n_steps", "profiler",
                                      "num_sanity_val_steps", "enable_autolog_hparams", "model_registry")),
 )  # fmt: skip
+# The callbacks that show or record a run and change nothing it trains, by the end of their names.
+HOW_CALLBACKS = ("ProgressBar", "Monitor", "PredictionsCSV")
 
 
 def option(key: str, value) -> str:
@@ -86,15 +88,18 @@ def run_settings(cli_args: list[str], free: tuple[str, ...] = ()) -> dict[str, o
     `cli_args`: every setting but those of how they run, and `free` (the options a sweep searches).
     Kept as they began, so that a config file edited before a call that goes on is not missed."""
     settings = leaf_values(resolved_config(cli_args))
-    callbacks = settings.get("trainer.callbacks") or []
-    settings["trainer.callbacks"] = [each for each in callbacks if not str(each.get("class_path")).endswith("Bar")]
+    given = [each if isinstance(each, dict) else {"class_path": each} for each in settings["trainer.callbacks"] or []]
+    callbacks = [each for each in given if not str(each.get("class_path")).endswith(HOW_CALLBACKS)]
+    settings["trainer.callbacks"] = [str(each.get("class_path")).rpartition(".")[2] for each in callbacks]
+    for index, callback in enumerate(callbacks):  # each setting by name: a message shows the one changed
+        settings |= leaf_values(callback, f"trainer.callbacks[{index}].")
     return {
         name: value for name, value in settings.items()
         if not any(name == how or name.startswith(f"{how}.") for how in (*HOW_RUNS_RUN, *free))
     }  # fmt: skip
 
 
-def changed_settings(started: dict[str, object], now: dict[str, object]) -> str:
+def differing_settings(started: dict[str, object], now: dict[str, object]) -> str:
     """The settings that differ, as `name before -> now` (the first three), or "" where none does. One
     that only one side has (an option the code gained or lost since) is left to fit's own checks."""
     changed = [f"{name} {was!r} -> {now[name]!r}" for name, was in started.items() if name in now and was != now[name]]

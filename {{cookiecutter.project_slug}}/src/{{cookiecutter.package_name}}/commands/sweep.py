@@ -24,7 +24,7 @@ from ..errors import PACKAGE, CommandParser, ConfigError, UserError, one_line
 from ..training.callbacks import NonFiniteLossError
 from ..training.sigterm import process_alive
 from .experiment_runs import (
-    changed_settings,
+    differing_settings,
     fit_in_folder,
     folder_name,
     gpus_for_copies,
@@ -292,7 +292,7 @@ def check_same_study(study, distributions: dict, cli_args: list[str], settings: 
             f"Study {study.study_name} was run with {' and '.join(said[key] for key in differ)}: "
             "give the same, or start another with --study."
         )
-    if changed := changed_settings(held.get("settings", {}), settings):  # a config file edited since
+    if changed := differing_settings(held.get("settings", {}), settings):  # a config file edited since
         raise ConfigError(
             f"Study {study.study_name} was run with other settings ({changed}): put the config files back as they "
             "were, or start another with --study."
