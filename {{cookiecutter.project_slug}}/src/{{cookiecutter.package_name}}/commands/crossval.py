@@ -171,7 +171,8 @@ def run(
     folder = CV / name
     copies_on = gpus_for_copies() if gpus else []
     if worker_part()[1] == 1:
-        check_same_options(folder, cli_args, runs, run_settings(cli_args))
+        # With --seeds each run's seed is its own: the configs' seed_everything is none of them.
+        check_same_options(folder, cli_args, runs, run_settings(cli_args, free=("seed_everything",) if seeds else ()))
     if copies_on:
         status = run_per_gpu(command, without_option(args, "--gpus-per-trial"), copies_on)
         if status:
