@@ -286,6 +286,7 @@ def test_last_trains_a_finished_run_further_in_its_own_folder(monkeypatch, caplo
     assert saved_step(run / "checkpoints" / "last.ckpt") == 2 * first
     # Its learning-rate schedule is stretched to the new limit, and the resume says so.
     assert f"at this step of its schedule, which ends at step {2 * first})" in caplog.text
+    assert "--ckpt_path last: trainer.max_epochs raised to 2 (the run was started with 1)" in caplog.text
     # Its first step trains at the stretched cosine's rate there: it trained at the end's 0 of the first.
     peak, total = 2e-3 * 4 / 64, 2 * first  # the default lr scaled to the batch of 4; the steps of 2 epochs
     warmup = round(0.05 * total)  # warmup_fraction's default

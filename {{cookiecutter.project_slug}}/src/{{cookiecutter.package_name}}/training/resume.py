@@ -151,6 +151,8 @@ def resolve_resume(config: Namespace, subcommand: str, defaults: dict[str, dict]
             gained = check_same_options(config, found[-1], requested, defaults)
         doing = "resuming from" if subcommand == "fit" else "evaluating"
         rank_zero_info(f"--ckpt_path {requested}: {doing} {found[-1]}")
+        if subcommand == "fit" and requested == "last" and (raised := limits_raised(found[-1], config.trainer)):
+            rank_zero_info(f"--ckpt_path last: {raised}")  # maybe by the configs, where it was given to the run
         if gained:
             rank_zero_info(f"Options new since {run} was saved, at their defaults: {', '.join(gained)}")
     elif subcommand == "fit":
@@ -236,6 +238,15 @@ def check_same_options(config: Namespace, checkpoint: Path, requested: str, defa
             f"--{ALLOW_CHANGES}=true to continue it with these."
         )
     return gained
+
+
+def limits_raised(checkpoint: Path, trainer: Namespace) -> str:
+    """The limits (max_epochs, max_steps) that `trainer` sets above those the run of `checkpoint` was
+    started with, as `trainer.max_epochs raised to 20 (the run was started with 1)`; "" for none."""
+    was = config_at(checkpoint)[1].get("trainer") or {}
+    raised = [name for name in LIMITS if name in was and unlimited(trainer.get(name)) > unlimited(was[name])]
+    return ", ".join(f"trainer.{name} raised to {trainer.get(name)} (the run was started with {was[name]})"
+                     for name in raised)  # fmt: skip
 
 
 def unlimited(limit: int | None) -> float:
