@@ -478,8 +478,9 @@ class ImageClassifier(L.LightningModule):
         self._resumed_random_state = checkpoint.get("random_state")
         self._resumed_train_metrics = checkpoint.get("train_metrics_so_far")
         check_same_classes(checkpoint.get("hyper_parameters", {}).get("class_names"), self.hparams.class_names)
-        averaged = any(isinstance(callback, WeightAveraging) for callback in self.trainer.callbacks)
-        if self.trainer.state.fn == TrainerFn.FITTING and "current_model_state" in checkpoint and not averaged:
+        fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING  # not load_from_checkpoint
+        averaged = fitting and any(isinstance(callback, WeightAveraging) for callback in self._trainer.callbacks)
+        if fitting and "current_model_state" in checkpoint and not averaged:
             # Its state_dict is the average (ModelEMA's), which training would otherwise go on from.
             checkpoint["state_dict"] = checkpoint["current_model_state"]
             rank_zero_info(

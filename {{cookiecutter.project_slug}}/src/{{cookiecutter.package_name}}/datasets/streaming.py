@@ -255,7 +255,8 @@ class ShardedImages(StreamingDataset):
         # LitData counts epochs from 1.
         transform = at_epoch(self.image_transform, self.current_epoch - 1)
         with seeded_draws(draw_seed(self.seed, self.current_epoch, image)):
-            label = join(self.location, item["path"]) if self.named else item["label"]
+            # Named by the file it was sharded from (predict's CSV), which exists, where the shards hold none.
+            label = join(self.sharded_from or self.location, item["path"]) if self.named else item["label"]
             first_skip = functools.partial(self._skips_said.first, image)
             return labelled_image(item["image"], label, said, transform, self.skip_unreadable, first_skip)
 
