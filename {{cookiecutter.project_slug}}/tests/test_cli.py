@@ -235,6 +235,8 @@ def test_a_mistyped_or_missing_command_lists_every_command_and_help_names_the_to
     printed = " ".join(capsys.readouterr().out.split())
     assert f"usage: python -m {cli.PACKAGE} " in printed
     assert f"each with its own --help: {', '.join(cli.TOOLS)}." in printed
+    assert all(f"{command} {said}" in printed for command, said in cli.COMMAND_HELP.items())  # not cut mid-sentence
+    assert "--config" not in printed, "it goes after the command"
     for tool in cli.TOOLS:  # a usage line a user can copy and run
         run_command(monkeypatch, tool, "--help")
         assert capsys.readouterr().out.startswith(f"usage: python -m {cli.PACKAGE} {tool} "), tool

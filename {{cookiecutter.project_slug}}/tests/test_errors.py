@@ -161,6 +161,14 @@ def test_a_trainer_option_of_lightning_1_is_told_what_replaced_it(monkeypatch, c
                             "(or auto, or last)"), message  # fmt: skip
 
 
+@pytest.mark.parametrize("given", [["--config", "configs/trainer/cpu.yaml", "fit"], ["-c=configs/cpu.yaml", "test"]])
+def test_a_config_before_the_command_is_told_to_go_after_it(monkeypatch, capsys, in_project_copy, given):
+    # As LightningCLI's --help shows it: its parser there takes no fit options and named the file's first
+    # (`trainer.accelerator is not accepted before subcommand 'fit'`), or ignored the file without a word.
+    message = refusal(monkeypatch, capsys, *given)
+    assert message.endswith("goes after the command, as in: python -m {{ cookiecutter.package_name }} fit --config <file>")
+
+
 @pytest.mark.parametrize(
     "given",
     [["--trainer", "configs/trainer/cpu.yaml"], ["--model=configs/recipe/scratch.yaml"],

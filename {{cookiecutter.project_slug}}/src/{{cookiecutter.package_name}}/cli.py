@@ -5,6 +5,7 @@ Every option is an `__init__` argument of the model, the data module or the Trai
 hold them, composed by repeating --config (the later file wins).
 """
 
+import argparse
 import contextlib
 import enum
 import functools
@@ -101,6 +102,12 @@ from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 # command line come after both and win (--config configs/trainer/fsdp.yaml switches the hardware).
 DEFAULT_CONFIGS = [Path("configs/trainer/{{ cookiecutter.__trainer_preset }}.yaml"), Path("configs/default.yaml")]
 SUBCOMMANDS = ("fit", *EVALUATIONS)
+COMMAND_HELP = {
+    "fit": "Train a model: a new run, or one that goes on (--ckpt_path auto or last).",
+    "validate": "Evaluate a checkpoint on the validation images (default: the newest run's best).",
+    "test": "Evaluate a checkpoint on the test images (default: the newest run's best).",
+    "predict": "Write the top classes of the test (or validation) images as CSV, into the run's reports/.",
+}
 SEEDS = range(2**32)  # what numpy's generator takes, which Lightning seeds with the rest
 # What writes a run's config.yaml.
 {%- if cookiecutter.logger == "wandb" %}
@@ -614,6 +621,15 @@ class ClassifierCLI(LightningCLI):
             seeds = f"a whole number from 0 to {SEEDS[-1]}, or true or false"
             raise ConfigError(f"seed_everything must be {seeds}, got {seed}")
 
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        # Lightning's help of each command is its method's docstring, cut at the first line's end.
+        for choice in self.parser._subcommands_action._choices_actions:
+            choice.help = COMMAND_HELP.get(choice.dest, choice.help)
+        for action in self.parser._actions:  # a --config there is refused (check_config_before_command)
+            if "--config" in action.option_strings:
+                action.help = argparse.SUPPRESS
+
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs) -> LightningArgumentParser:
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         # Lightning's help names its own words (hpc, registry), which do nothing here, and not auto.
@@ -1036,12 +1052,23 @@ def run_command(command: list[str], args: list[str] | None) -> None:
     if command[:1] and command[0] in TOOLS:
         module, _, function = TOOLS[command[0]].partition(":")
         sys.exit(getattr(importlib.import_module(f".commands.{module}", PACKAGE), function or "main")(command[1:]))
+    check_config_before_command(command)
     check_config_order(command)
     defaults = found_defaults()
     if len(defaults) < len(DEFAULT_CONFIGS):
         missing = ", ".join(str(path) for path in DEFAULT_CONFIGS if path not in defaults)
         print(f"No {missing} in {Path.cwd()}: run from the project folder or pass --config.", file=sys.stderr)
     run_cli([*map(str, defaults)], args)
+
+
+def check_config_before_command(args: list[str]) -> None:
+    """Refuse a --config given before the command (`--config x.yaml fit`), which LightningCLI's help
+    shows: its parser there takes no fit options, and refuses the file's first in words of its own."""
+    command = next((index for index, arg in enumerate(args) if arg in SUBCOMMANDS), len(args))
+    if given := [arg for arg in args[:command] if arg.partition("=")[0] in ("-c", "--config")]:
+        raise ConfigError(
+            f"{given[0].partition('=')[0]} goes after the command, as in: python -m {PACKAGE} fit --config <file>"
+        )
 
 
 def check_config_order(args: list[str]) -> None:
