@@ -20,7 +20,10 @@ def test_workflow_keeps_its_github_expressions_and_the_answers(tmp_path):
     assert job["strategy"]["matrix"]["python-version"] == ["3.12"]
     assert job["steps"][1]["with"]["python-version"] == "${{ matrix.python-version }}"
     assert workflow["concurrency"]["group"] == "${{ github.workflow }}-${{ github.ref }}"
-    assert any(step.get("run") == "uv run pytest -n auto" for step in job["steps"])
+    # Each command in the environment the CPU wheels went into: `uv run` alone syncs it from PyPI first.
+    runs = [step["run"] for step in job["steps"] if "run" in step]
+    assert "uv run --no-sync pytest -n auto" in runs
+    assert all(" --no-sync " in part for line in runs for part in line.split("&&") if "uv run" in part)
 
 
 def pre_commit(project: Path) -> subprocess.CompletedProcess:

@@ -184,11 +184,9 @@ def run(
     return summarise(list(runs), folder)
 
 
-def parser_for(command: str, description: str) -> argparse.ArgumentParser:
+def parser_for(command: str, description: str, default_name: str) -> argparse.ArgumentParser:
     parser = CommandParser(prog=f"{PACKAGE} {command}", description=description)
-    parser.add_argument(
-        "--name", type=folder_name, help="the folder under cv/ (default: from the folds, and whether seeds are given)"
-    )
+    parser.add_argument("--name", type=folder_name, help=f"the folder under cv/ (default: {default_name})")
     parser.add_argument(
         "--gpus-per-trial", type=int, choices=[1], help="1: one process per visible GPU, sharing the runs"
     )
@@ -197,7 +195,9 @@ def parser_for(command: str, description: str) -> argparse.ArgumentParser:
 
 def main(args: list[str]) -> int:
     parser = parser_for(
-        "cv", "Cross-validation: K runs, each validated on one fold, and the mean ± std of each metric."
+        "cv",
+        "Cross-validation: K runs, each validated on one fold, and the mean ± std of each metric.",
+        "folds<K>, or folds<K>-seeds with --seeds",
     )
     parser.add_argument("--folds", type=int, required=True, help="how many folds (runs per seed), 2 or more")
     parser.add_argument(
@@ -211,7 +211,7 @@ def main(args: list[str]) -> int:
 
 
 def repeat(args: list[str]) -> int:
-    parser = parser_for("repeat", "The same run with each seed, and the mean ± std of each metric.")
+    parser = parser_for("repeat", "The same run with each seed, and the mean ± std of each metric.", "seeds")
     parser.add_argument("--seeds", type=seed_list, required=True, help="the seeds, as 0,1,2")
     options, cli_args = parser.parse_known_args(args)
     name = options.name or "seeds"
