@@ -64,6 +64,7 @@ def fit(data_dir, *args: str) -> list[str]:
         # Lightning's would replace the model's optimizer setup whole, or be ignored.
         (["--optimizer=SGD"], "error: --optimizer and --lr_scheduler are not used: the model makes its own"),
         (["--lr_scheduler=StepLR", "--lr_scheduler.step_size=1"], "error: --optimizer and --lr_scheduler are not"),
+        (["--lr_scheduler", "StepLR"], "error: --optimizer and --lr_scheduler are not"),  # not "step_size required"
         # Lightning's own refusals, in one line.
         (["--trainer.max_epochs=-5"], "error: `max_epochs` must be a non-negative integer or -1. You passed in -5."),
         (["--trainer.strategy=nonsense"], "error: You selected an invalid strategy name: `strategy='nonsense'`"),

@@ -102,6 +102,12 @@ from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 # command line come after both and win (--config configs/trainer/fsdp.yaml switches the hardware).
 DEFAULT_CONFIGS = [Path("configs/trainer/{{ cookiecutter.__trainer_preset }}.yaml"), Path("configs/default.yaml")]
 SUBCOMMANDS = ("fit", *EVALUATIONS)
+# Lightning's --optimizer and --lr_scheduler would replace the model's parameter groups, warm-up and
+# scaled learning rate whole, or (a scheduler alone) be ignored.
+OWN_OPTIMIZER = (
+    "--optimizer and --lr_scheduler are not used: the model makes its own (AdamW, warm-up then cosine). "
+    "Set model.lr, model.weight_decay or model.warmup_fraction, or change configure_optimizers in model.py"
+)
 COMMAND_HELP = {
     "fit": "Train a model: a new run, or one that goes on (--ckpt_path auto or last).",
     "validate": "Evaluate a checkpoint on the validation images (default: the newest run's best).",
@@ -635,6 +641,9 @@ class ClassifierCLI(LightningCLI):
         # Lightning's help names its own words (hpc, registry), which do nothing here, and not auto.
         ckpt_path = next(action for action in parser._actions if action.dest == "ckpt_path")
         ckpt_path.help = ckpt_path_takes(subcommand) + "."
+        for action in parser._actions:  # refused (OWN_OPTIMIZER): kept for the null they hold in runs' configs
+            if action.dest.partition(".")[0] in ("optimizer", "lr_scheduler"):
+                action.help = argparse.SUPPRESS
         return parser
 
     def _parse_ckpt_path(self) -> None:
@@ -671,12 +680,7 @@ class ClassifierCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config  # run=False: no subcommand
         if config.get("optimizer") or config.get("lr_scheduler"):
-            # Lightning's would replace the model's parameter groups, warm-up and scaled learning rate
-            # whole, or (a scheduler alone) be ignored. Kept as options, null, for the runs' configs.
-            raise ConfigError(
-                "--optimizer and --lr_scheduler are not used: the model makes its own (AdamW, warm-up then cosine). "
-                "Set model.lr, model.weight_decay or model.warmup_fraction, or change configure_optimizers in model.py"
-            )
+            raise ConfigError(OWN_OPTIMIZER)  # from a config file; kept as options for the null in runs' configs
         if (accumulate := config.trainer.accumulate_grad_batches) < 1:  # Lightning would divide by it
             raise ConfigError(f"trainer.accumulate_grad_batches must be 1 or more, got {accumulate}")
         check_hardware(config.trainer)
@@ -1053,6 +1057,8 @@ def run_command(command: list[str], args: list[str] | None) -> None:
         module, _, function = TOOLS[command[0]].partition(":")
         sys.exit(getattr(importlib.import_module(f".commands.{module}", PACKAGE), function or "main")(command[1:]))
     check_config_before_command(command)
+    if any(arg.partition("=")[0].partition(".")[0] in ("--optimizer", "--lr_scheduler") for arg in command):
+        raise ConfigError(OWN_OPTIMIZER)  # before the parser asks for the class's own required arguments
     check_config_order(command)
     defaults = found_defaults()
     if len(defaults) < len(DEFAULT_CONFIGS):
