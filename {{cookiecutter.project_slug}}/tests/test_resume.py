@@ -601,7 +601,7 @@ def test_an_evaluation_is_on_the_data_and_split_its_checkpoint_was_trained_on(
     # So does a validate of other batches than the run validated: its val/acc would differ at the same step.
     one_batch = "--trainer.limit_val_batches=1"
     run_cli(monkeypatch, "validate", *TRAINER, "--data.num_workers=0", "--ckpt_path=last", one_batch)
-    assert f"(--trainer.limit_val_batches): logged as a new run, not into {run.name}" in caplog.text
+    assert f"(trainer.limit_val_batches null -> 1): logged as a new run, not into {run.name}" in caplog.text
     assert (run / "metrics.csv").read_text() == logged and len(list(run.parent.iterdir())) == 3
 
 

@@ -274,21 +274,23 @@ def evaluate_on_trained_data(config: Namespace, given: set[str], subcommand: str
                         for name, value in taken.items())  # fmt: skip
         rank_zero_info(f"On the data the checkpoint was trained on: {said} (options given here evaluate on other data)")
     other = [f"--data.{name}" for name in sorted(differs.keys() - taken.keys())]
-    if subcommand == "validate" and validates_other_batches(config):
-        other.append("--trainer.limit_val_batches")
+    if subcommand == "validate" and (batches := other_validation_batches(config)):
+        other.append(batches)
     logger = first_logger(config.trainer)
     if other and logger is not None and (run := logger.init_args.get("version")) is not None:
         logger.init_args.version = None
         rank_zero_info(f"On other data than the checkpoint's ({', '.join(other)}): logged as a new run, not into {run}")
 
 
-def validates_other_batches(config: Namespace) -> bool:
-    """Whether a validate of a run's checkpoint covers other batches than the run's validation did."""
+def other_validation_batches(config: Namespace) -> str | None:
+    """How a validate of a run's checkpoint covers other batches than the run's validation did, as
+    `trainer.limit_val_batches <the run's> -> <this one's>` (given, or by the configs); None if not."""
     saved, trained = config_at(Path(config.ckpt_path))
     if saved is None:
-        return False  # a checkpoint from elsewhere, evaluated in a run of its own
-    was = (trained.get("trainer") or {}).get("limit_val_batches")
-    return val_batches(was) != val_batches(config.trainer.limit_val_batches)
+        return None  # a checkpoint from elsewhere, evaluated in a run of its own
+    was, now = (trained.get("trainer") or {}).get("limit_val_batches"), config.trainer.limit_val_batches
+    shown = ["null" if limit is None else limit for limit in (was, now)]  # null (as in a config): every batch
+    return f"trainer.limit_val_batches {shown[0]} -> {shown[1]}" if val_batches(was) != val_batches(now) else None
 
 
 def val_batches(limit: float | None) -> tuple[type, float]:
