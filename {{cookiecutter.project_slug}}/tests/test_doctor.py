@@ -38,10 +38,11 @@ def test_the_precision_is_the_one_fit_trains_in():
         (line,) = [check.what for check in checks if check.what.startswith("precision")]
         return line
 
-    # bf16-mixed (the default) on a machine without a GPU: fit trains in 32-true, and says why.
-    assert precision_line(NO_GPU, accelerator="auto", precision="bf16-mixed").startswith(
-        "precision 32-true for the configured bf16-mixed (bfloat16 autocast on a CPU is measured slower"
+    # bf16-mixed (the default) on a machine without a GPU, with AMX: fit trains in 32-true, and says why.
+    assert precision_line(NO_GPU | {"cpu_amx": True}, accelerator="auto", precision="bf16-mixed").startswith(
+        "precision 32-true for the configured bf16-mixed (bfloat16 autocast was measured slower than float32 on a"
     )
+    assert precision_line(NO_GPU, accelerator="auto", precision="bf16-mixed") == "precision bf16-mixed, strategy auto"
     assert precision_line(NO_GPU | {"cpu_bf16": False}, precision="bf16-mixed").startswith(
         "precision 32-true for the configured bf16-mixed (this CPU lacks bfloat16 arithmetic"
     )

@@ -113,7 +113,7 @@ def test_too_many_devices_fall_back_to_the_gpus_there_are():
 
 
 def test_the_cpu_preset_trains_in_float32_on_a_cpu_that_computes_bfloat16(monkeypatch):
-    # As the precision prompt promises ("CPUs train in 32-true, faster there"), whatever the answer.
+    # As the precision prompt says, whatever the answer: --trainer.precision bf16-mixed asks for it.
     monkeypatch.setattr(checks, "machine_facts", lambda: MACHINES["cpu only"] | {"cpu_bf16": True})
     trainer = yaml.safe_load((PROJECT_ROOT / "configs/trainer/cpu.yaml").read_text())["trainer"]
     checks.settle_precision(trainer)
@@ -121,21 +121,24 @@ def test_the_cpu_preset_trains_in_float32_on_a_cpu_that_computes_bfloat16(monkey
 
 
 @pytest.mark.parametrize(
-    ("machine_name", "accelerator", "cpu_bf16", "trained_in"),
+    ("machine_name", "accelerator", "cpu_bf16", "amx", "trained_in"),
     [
-        ("cpu only", "auto", False, "32-true"),  # emulated bfloat16: float32 instead
-        ("cpu only", "cpu", False, "32-true"),
-        ("cpu only", "auto", True, "32-true"),  # AVX-512 or AMX: autocast still measured slower than float32
-        ("cpu only", "cpu", True, "bf16-mixed"),  # put on the CPU on purpose: as configured
-        ("eight h100", "auto", False, "bf16-mixed"),  # on the GPUs, whatever the CPU does
+        ("cpu only", "auto", False, False, "32-true"),  # emulated bfloat16: float32 instead
+        ("cpu only", "cpu", False, False, "32-true"),
+        ("cpu only", "auto", True, False, "bf16-mixed"),  # AVX-512 BF16 (an AMD EPYC): 1.5x as fast as float32
+        ("cpu only", "auto", True, True, "32-true"),  # AMX (a Xeon): autocast measured slower than float32
+        ("cpu only", "cpu", True, True, "bf16-mixed"),  # put on the CPU on purpose: as configured
+        ("eight h100", "auto", False, False, "bf16-mixed"),  # on the GPUs, whatever the CPU does
     ],
 )
-def test_the_cpu_trains_in_its_fastest_precision(monkeypatch, machine_name, accelerator, cpu_bf16, trained_in):
-    facts = MACHINES[machine_name] | {"cpu_bf16": cpu_bf16}
+def test_the_cpu_trains_in_its_fastest_precision(monkeypatch, machine_name, accelerator, cpu_bf16, amx, trained_in):
+    facts = MACHINES[machine_name] | {"cpu_bf16": cpu_bf16, "cpu_amx": amx}
     monkeypatch.setattr(checks, "machine_facts", lambda: facts)
     trainer = {"accelerator": accelerator, "devices": 1, "strategy": "auto", "precision": "bf16-mixed"}
     checks.settle_precision(trainer)
     assert trainer["precision"] == trained_in
     ran, _ = runnable(Settings("gpu", 1, "auto", "bf16-mixed"), checks.machine_of(facts))
-    if not facts["gpus"]:  # no GPU: the smoke test falls back to the CPU, in float32
-        assert ran.precision == "32-true"
+    if not facts["gpus"]:  # no GPU: the smoke test falls back to the CPU, as a run that lands there
+        assert ran.precision == ("bf16-mixed" if cpu_bf16 and not amx else "32-true")
+        float16 = runnable(Settings("gpu", 1, "auto", "16-mixed"), checks.machine_of(facts))[0]
+        assert float16.precision == "32-true"  # float16 autocast is emulated on a CPU

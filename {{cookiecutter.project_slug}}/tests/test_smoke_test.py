@@ -6,10 +6,19 @@ import sys
 
 import yaml
 from conftest import PROJECT_ROOT, command_env, run_group
+{%- if cookiecutter.precision == "bf16-mixed" %}
 
-# The smoke test's CPU runs (accelerator auto, or the fallback from GPUs) train in float32, which a
-# CPU computes faster than the presets' mixed precisions (hardware/rules.py's fastest_precision).
+from {{ cookiecutter.package_name }}.hardware.checks import machine_facts
+
+# The smoke test's fallback from GPUs to the CPU keeps the preset's bfloat16 autocast where this CPU
+# computes bfloat16 and has no AMX (measured faster there), and trains in float32 elsewhere.
+CPU_FACTS = machine_facts()
+CPU_PRECISION = "bf16-mixed" if CPU_FACTS["cpu_bf16"] and not CPU_FACTS["cpu_amx"] else "32-true"
+{%- else %}
+
+# The smoke test's fallback from GPUs to the CPU trains in float32: {{ "16-mixed is emulated on a CPU, far slower" if cookiecutter.precision == "16-mixed" else "as configured" }}.
 CPU_PRECISION = "32-true"
+{%- endif %}
 DOCTOR_SMOKE = [sys.executable, "-m", "{{ cookiecutter.package_name }}", "doctor", "--smoke"]
 
 

@@ -43,6 +43,7 @@ def machine_facts() -> dict:
         "gpus": gpus,
         "mps": torch.backends.mps.is_available(),
         "cpu_bf16": _cpu_computes_bf16(),
+        "cpu_amx": _cpu_has_amx(),
         "cpus": usable_cpus(),
         "deepspeed": find_spec("deepspeed") is not None,
     }
@@ -56,6 +57,7 @@ def machine_of(facts: dict) -> Machine:
         cuda_build=facts["cuda"] is not None,
         mps=facts["mps"],
         bf16_on_cpu=facts.get("cpu_bf16", True),
+        amx_on_cpu=facts.get("cpu_amx", False),
         nccl=facts["nccl"] is not None,
         deepspeed=facts["deepspeed"],
     )
@@ -81,6 +83,13 @@ def _cpu_computes_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return True
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        return bool(torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):  # a torch without the check: none of its measurements here
+        return False
 
 
 def _nccl_version() -> str | None:

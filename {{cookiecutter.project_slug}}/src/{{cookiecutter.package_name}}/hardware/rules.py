@@ -48,6 +48,7 @@ class Machine:
     cuda_gpus: tuple[str, ...] = ()  # names of the visible CUDA GPUs
     bf16_on_gpus: bool = True  # every visible CUDA GPU computes in bfloat16 (compute capability 8.0+)
     bf16_on_cpu: bool = True  # the CPU computes in bfloat16 (AVX-512, AMX, Arm BF16) rather than emulating it
+    amx_on_cpu: bool = False  # the CPU has Intel's AMX tiles
     cuda_build: bool = False  # torch was built with CUDA
     mps: bool = False  # Apple's Metal backend is available
     nccl: bool = True
@@ -189,19 +190,20 @@ def fastest_precision(settings: Settings, machine: Machine) -> tuple[str, str]:
     """The precision to train with, and why it is not the configured one ("" when it is).
 
     bfloat16 on a CPU that emulates it (AVX2 only) is many times slower than float32, and no more
-    accurate. On a CPU that computes it (AVX-512 BF16, AMX), autocast was still measured slower than
-    float32 (resnet18 at 32 px: 0.82x on a 2-core Xeon with AMX), so a run that lands on the CPU
-    without asking for it (accelerator auto) trains in float32; one put there on purpose
-    (accelerator cpu) keeps its bf16-mixed, for the CPUs where it is measured faster.
+    accurate. Where the CPU computes it, it depends on the CPU: resnet18's steps in bf16-mixed were
+    1.5x as fast as in float32 at 64 px (1.2x at 32 px) on an AMD EPYC with AVX-512 BF16, measured
+    step by step in turn; on a Xeon with AMX, 0.59x and 0.82x at 32 px. So a run that lands on such
+    a Xeon without asking for the CPU (accelerator auto) trains in float32; one put there on purpose
+    (accelerator cpu) keeps its bf16-mixed.
     """
     if target(settings, machine) != "cpu" or not settings.precision.startswith("bf16"):
         return settings.precision, ""
     if not machine.bf16_on_cpu:
         return "32-true", f"this CPU lacks bfloat16 arithmetic: {settings.precision} would run emulated, far slower"
-    if settings.precision == "bf16-mixed" and settings.accelerator != "cpu":
+    if settings.precision == "bf16-mixed" and settings.accelerator != "cpu" and machine.amx_on_cpu:
         return "32-true", (
-            "bfloat16 autocast on a CPU is measured slower than float32 (resnet18: 0.82x on a Xeon with AMX); "
-            "--trainer.accelerator cpu keeps bf16-mixed"
+            "bfloat16 autocast was measured slower than float32 on a CPU with AMX (resnet18: 0.59x to 0.82x on a "
+            "Xeon); --trainer.accelerator cpu keeps bf16-mixed"
         )
     return settings.precision, ""
 
@@ -217,7 +219,9 @@ def runnable(settings: Settings, machine: Machine) -> tuple[Settings, str]:
         fewer = replace(settings, devices=str(len(machine.cuda_gpus)))
         if not problems(fewer, machine):
             return fewer, found[0].what
-    # Mixed precision was asked for the GPUs; on the CPU float32 is the faster (fastest_precision).
-    cpu_precision = "32-true" if settings.precision.endswith("-mixed") else settings.precision
-    cpu = Settings(accelerator="cpu", devices="1", strategy="auto", precision=cpu_precision)
-    return replace(cpu, precision=fastest_precision(cpu, machine)[0]), found[0].what
+    # float16 autocast was asked for the GPUs: on the CPU it is slow emulation. bfloat16: as for a run that
+    # lands on the CPU without asking for it (fastest_precision).
+    cpu_precision = "32-true" if settings.precision.startswith("16") else settings.precision
+    landed = Settings(accelerator="auto", devices="1", strategy="auto", precision=cpu_precision)
+    precision = fastest_precision(landed, replace(machine, cuda_gpus=(), mps=False))[0]
+    return Settings(accelerator="cpu", devices="1", strategy="auto", precision=precision), found[0].what
