@@ -1,11 +1,14 @@
 """`benchmark data` and `benchmark train` measure, print, and leave a config the CLI can use."""
 
+import statistics
+
 import lightning as L
 import pytest
 import torch
 import yaml
 from conftest import ON_CPU, refusal, run_command
 
+from {{ cookiecutter.package_name }}.commands import benchmark
 from {{ cookiecutter.package_name }}.commands.benchmark import flops_per_image, peak_flops
 from {{ cookiecutter.package_name }}.model import ImageClassifier
 
@@ -82,11 +85,17 @@ def test_train_benchmark_compares_precisions_side_by_side(monkeypatch, capsys, i
     options = ["--steps=2", "--warmup=1", "--precision=all", *on_data(tiny_shapes), "--data.num_workers=0"]
     run_command(monkeypatch, "benchmark", "train", "--trainer.devices=1", *options)
     printed = capsys.readouterr().out.splitlines()
-    header = printed.index("precision     images/s  vs 32-true")
+    header = printed.index("precision     images/s   turns from-to  vs 32-true")
     rows = [line.split() for line in printed[header + 1 : header + 3]]
-    assert [row[0] for row in rows] == ["32-true", "bf16-mixed"] and rows[0][2] == "1.00x"
-    assert all(float(row[1]) > 0 for row in rows)
+    assert [row[0] for row in rows] == ["32-true", "bf16-mixed"] and rows[0][3] == "1.00x"
+    # Each timed in turns with the other (a fit each, 32-true first): the median of its turns, and their range.
+    timed = [float(printed[i + 1].split()[0]) for i, line in enumerate(printed) if line.startswith("Training: ")]
+    assert len(timed) == 2 * benchmark.TURNS
+    for row, turns in zip(rows, (timed[0::2], timed[1::2]), strict=True):
+        assert float(row[1]) == pytest.approx(statistics.median(turns), abs=0.5)
+        assert row[2] == f"{min(turns):.0f}-{max(turns):.0f}"
     assert printed[-1].startswith("Fastest here: ")
+    assert printed[-1].endswith(f"the median of {benchmark.TURNS} turns each")
 
 
 def test_the_benchmarks_time_a_recipes_epochs_with_its_policy_and_mixing_on(monkeypatch, capsys, in_project_copy,

@@ -629,6 +629,8 @@ class ClassifierCLI(LightningCLI):
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if not add_subcommands:  # build(): the options of fit alone
+            return
         # Lightning's help of each command is its method's docstring, cut at the first line's end.
         for choice in self.parser._subcommands_action._choices_actions:
             choice.help = COMMAND_HELP.get(choice.dest, choice.help)

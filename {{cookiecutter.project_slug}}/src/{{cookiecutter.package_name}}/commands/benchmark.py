@@ -10,6 +10,7 @@ the epochs after a recipe's basic ones: its augmentation policy and mixing on.
 """
 
 import argparse
+import statistics
 import time
 import typing
 
@@ -110,6 +111,10 @@ def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     return {torch.bfloat16: 989.4e12, torch.float16: 989.4e12, torch.float32: 66.9e12}[dtype]
 
 
+# How many times benchmark_precisions times each precision, in turn with the others.
+TURNS = 3
+
+
 def benchmark_train(cli_args: list[str], steps: int, warmup: int) -> tuple[str, float] | None:
     # No validation, checkpoints, logger or callbacks: only the training steps are timed.
     quiet = [f"--trainer.max_steps={warmup + steps}", "--trainer.limit_val_batches=0", "--trainer.callbacks=[]",
@@ -140,21 +145,30 @@ def benchmark_train(cli_args: list[str], steps: int, warmup: int) -> tuple[str, 
 
 
 def benchmark_precisions(cli_args: list[str], precisions: list[str], steps: int, warmup: int) -> None:
-    """benchmark_train in each precision, then their images/s side by side."""
+    """benchmark_train in each precision, in turns, then the median images/s of each side by side."""
     # As asked: a run left to pick its device (accelerator auto) trains on a CPU in its fastest precision.
     on_cpu = [] if torch.cuda.is_available() or torch.backends.mps.is_available() else ["--trainer.accelerator=cpu"]
-    measured = [
-        benchmark_train([*cli_args, *on_cpu, f"--trainer.precision={asked}"], steps, warmup) for asked in precisions
-    ]
-    if measured[0] is None:
-        return  # not rank 0
-    baseline = dict(measured).get("32-true")
-    print(f"{'precision':<12}{'images/s':>10}{'vs 32-true':>12}")
-    for asked, (ran, speed) in zip(precisions, measured, strict=True):
-        versus = f"{speed / baseline:.2f}x" if baseline else "-"
-        print(f"{asked:<12}{speed:>10.0f}{versus:>12}" + (f"  (ran as {ran})" if ran != asked else ""))
-    fastest = max(zip(precisions, measured, strict=True), key=lambda row: row[1][1])[0]
-    print(f"Fastest here: {fastest} (--trainer.precision {fastest})")
+    # In turns, a share of the steps each: other work on the machine, which comes and goes, slows each
+    # precision alike. One run after the other, two runs minutes apart gave 0.36x and 8.2x on a shared CPU.
+    speeds, ran = {asked: [] for asked in precisions}, {}
+    for _ in range(TURNS):
+        for asked in precisions:
+            measured = benchmark_train([*cli_args, *on_cpu, f"--trainer.precision={asked}"], -(-steps // TURNS), warmup)
+            if measured is not None:  # rank 0
+                ran[asked], speed = measured
+                speeds[asked].append(speed)
+    if not ran:
+        return
+    median = {asked: statistics.median(measured) for asked, measured in speeds.items()}
+    baseline = median.get("32-true")
+    print(f"{'precision':<12}{'images/s':>10}{'turns from-to':>16}{'vs 32-true':>12}")
+    for asked in precisions:
+        versus = f"{median[asked] / baseline:.2f}x" if baseline else "-"
+        spread = f"{min(speeds[asked]):.0f}-{max(speeds[asked]):.0f}"
+        ran_as = f"  (ran as {ran[asked]})" if ran[asked] != asked else ""
+        print(f"{asked:<12}{median[asked]:>10.0f}{spread:>16}{versus:>12}{ran_as}")
+    fastest = max(precisions, key=median.get)
+    print(f"Fastest here: {fastest} (--trainer.precision {fastest}), the median of {TURNS} turns each")
 
 
 def precision_list(text: str) -> list[str]:
