@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,6 +31,7 @@ from conftest import (
     run_command,
 )
 from jsonargparse import Namespace
+from lightning.pytorch.loops.utilities import _parse_loop_limits
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -561,6 +563,20 @@ def test_a_sigterm_in_an_evaluation_leaves_the_runs_last_checkpoint_as_it_was(
                 status=128 + signal.SIGTERM)  # fmt: skip
     assert last.read_bytes() == before
     assert "Resume this run" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("max_epochs", "max_steps"), [(None, -1), (None, 50), (3, -1), (3, 50), (-1, 50)])
+def test_the_limits_a_run_stops_at_are_lightnings(max_epochs, max_steps):
+    # What `last` compares, to refuse a lowered limit and name a raised one: Lightning's own reading.
+    trainer = SimpleNamespace(callbacks=[])  # without a Timer, whose max_time would be a limit too
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # `max_epochs` was not set. Setting it to 1000 epochs
+        epochs = _parse_loop_limits(None, max_steps, None, max_epochs, trainer)[1]
+    limits = resume.stop_limits({"max_epochs": max_epochs, "max_steps": max_steps})
+    assert limits == {
+        "max_epochs": math.inf if epochs == -1 else epochs,
+        "max_steps": math.inf if max_steps == -1 else max_steps,
+    }
 
 
 def test_an_evaluation_is_on_the_data_and_split_its_checkpoint_was_trained_on(

@@ -47,7 +47,7 @@ class Settings:
 class Machine:
     cuda_gpus: tuple[str, ...] = ()  # names of the visible CUDA GPUs
     bf16_on_gpus: bool = True  # every visible CUDA GPU computes in bfloat16 (compute capability 8.0+)
-    bf16_on_cpu: bool = True  # the CPU computes in bfloat16 (AVX-512, AMX, Arm BF16) rather than emulating it
+    bf16_on_cpu: bool = True  # the CPU computes in bfloat16 (AVX-512 BF16, AMX, Arm BF16) rather than emulating it
     amx_on_cpu: bool = False  # the CPU has Intel's AMX tiles
     cuda_build: bool = False  # torch was built with CUDA
     mps: bool = False  # Apple's Metal backend is available
@@ -189,12 +189,12 @@ def problems(settings: Settings, machine: Machine | None = None) -> list[Problem
 def fastest_precision(settings: Settings, machine: Machine) -> tuple[str, str]:
     """The precision to train with, and why it is not the configured one ("" when it is).
 
-    bfloat16 on a CPU that emulates it (AVX2 only) is many times slower than float32, and no more
-    accurate. Where the CPU computes it, it depends on the CPU: resnet18's steps in bf16-mixed were
-    1.5x as fast as in float32 at 64 px (1.2x at 32 px) on an AMD EPYC with AVX-512 BF16, measured
-    step by step in turn; on a Xeon with AMX, 0.59x and 0.82x at 32 px. So a run that lands on such
-    a Xeon without asking for the CPU (accelerator auto) trains in float32; one put there on purpose
-    (accelerator cpu) keeps its bf16-mixed.
+    bfloat16 on a CPU that emulates it (AVX2, or AVX-512 without its BF16 part) is several times slower
+    than float32, and no more accurate. Where the CPU computes it, it depends on the CPU: resnet18's
+    steps in bf16-mixed were 1.5x as fast as in float32 at 64 px (1.2x at 32 px) on an AMD EPYC with
+    AVX-512 BF16, measured step by step in turn; on a Xeon with AMX, 0.59x and 0.82x at 32 px. So a
+    run that lands on such a Xeon without asking for the CPU (accelerator auto) trains in float32;
+    one put there on purpose (accelerator cpu) keeps its bf16-mixed.
     """
     if target(settings, machine) != "cpu" or not settings.precision.startswith("bf16"):
         return settings.precision, ""

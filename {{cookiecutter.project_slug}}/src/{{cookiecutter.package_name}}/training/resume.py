@@ -228,9 +228,11 @@ def check_same_options(config: Namespace, checkpoint: Path, requested: str, defa
     changed += [f"trainer.{name} {was.get(name)!r} -> {now.get(name)!r}" for name in schedule
                 if was.get(name) != now.get(name)]  # fmt: skip
     # `last` raises a limit to train further; lowered, the schedule would end sooner, its rate dropping at once.
-    lowered = [name for name in LIMITS if name not in schedule and unlimited(now.get(name)) < unlimited(was.get(name))]
-    changed += [f"trainer.{name} {was.get(name)!r} -> {now.get(name)!r} (last may raise it, not lower it)"
-                for name in lowered]  # fmt: skip
+    # Training stops at the first limit it meets: one lowered while the other rises may still end later.
+    before, after = stop_limits(was), stop_limits(now)
+    if requested != "auto" and not any(after[name] > before[name] for name in LIMITS):
+        changed += [f"trainer.{name} {was.get(name)!r} -> {now.get(name)!r} (last may raise it, not lower it)"
+                    for name in LIMITS if after[name] < before[name]]  # fmt: skip
     if changed:
         raise ConfigError(
             f"--ckpt_path {requested} would continue {run} with other options than {saved.name} has: "
@@ -244,14 +246,19 @@ def limits_raised(checkpoint: Path, trainer: Namespace) -> str:
     """The limits (max_epochs, max_steps) that `trainer` sets above those the run of `checkpoint` was
     started with, as `trainer.max_epochs raised to 20 (the run was started with 1)`; "" for none."""
     was = config_at(checkpoint)[1].get("trainer") or {}
-    raised = [name for name in LIMITS if name in was and unlimited(trainer.get(name)) > unlimited(was[name])]
-    return ", ".join(f"trainer.{name} raised to {trainer.get(name)} (the run was started with {was[name]})"
-                     for name in raised)  # fmt: skip
+    before, after = stop_limits(was), stop_limits(trainer)
+    return ", ".join(f"trainer.{name} raised to {trainer.get(name)} (the run was started with {was.get(name)})"
+                     for name in LIMITS if after[name] > before[name])  # fmt: skip
 
 
-def unlimited(limit: int | None) -> float:
-    """A trainer limit (max_epochs, max_steps) as a number to compare; none (None, -1) is infinite."""
-    return math.inf if limit is None or limit == -1 else limit
+def stop_limits(trainer: Namespace | dict) -> dict[str, float]:
+    """The trainer's max_epochs and max_steps as Lightning stops at them, none being infinite: without
+    either, 1,000 epochs; max_epochs left out beside a max_steps, none."""
+    steps = -1 if trainer.get("max_steps") is None else trainer.get("max_steps")
+    epochs = trainer.get("max_epochs")
+    if epochs is None:
+        epochs = 1000 if steps == -1 else -1
+    return {"max_epochs": math.inf if epochs == -1 else epochs, "max_steps": math.inf if steps == -1 else steps}
 
 
 def evaluate_on_trained_data(config: Namespace, given: set[str], subcommand: str) -> None:
