@@ -158,7 +158,7 @@ def test_a_full_disk_while_the_csv_is_written_keeps_the_earlier_one(monkeypatch,
     capsys.readouterr()
     with disk_full_past(200):  # the test images' CSV is kilobytes
         line = refusal(monkeypatch, capsys, "classify", str(tiny_shapes / "test"), f"--output={earlier}")
-    assert line == "error: File too large (raise the file-size limit (ulimit -f), or write elsewhere)"
+    assert line == f"error: File too large: {earlier} (raise the file-size limit (ulimit -f), or write elsewhere)"
     assert earlier.read_text() == "path,class_1,probability_1\n"
     assert [path.name for path in folder.iterdir()] == ["predictions.csv"], "staging file left behind"
 
