@@ -49,7 +49,7 @@ def test_a_bad_worker_list_is_refused_before_any_work(monkeypatch, capsys, in_pr
     [
         # It named configs/trainer/auto.yaml as where the value came from.
         (["train", "--precision=bf16-mxed"], "bf16-mxed is no precision Lightning trains in (did you mean bf16-mix"),
-        (["train", "--precision=32-true,fp8"], "fp8 is no precision Lightning trains in: give some of 32-true"),
+        (["train", "--precision=32-true,fp8"], "fp8 is no precision Lightning trains in: give some such as 32-true"),
         (["data", "--precision=bf16-mixed"], "--precision is an option of benchmark train"),  # it was ignored
         (["train", "--workers=2"], "--workers is an option of benchmark data"),
     ],

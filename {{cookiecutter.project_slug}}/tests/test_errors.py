@@ -65,6 +65,7 @@ def fit(data_dir, *args: str) -> list[str]:
         (["--optimizer=SGD"], "error: --optimizer and --lr_scheduler are not used: the model makes its own"),
         (["--lr_scheduler=StepLR", "--lr_scheduler.step_size=1"], "error: --optimizer and --lr_scheduler are not"),
         (["--lr_scheduler", "StepLR"], "error: --optimizer and --lr_scheduler are not"),  # not "step_size required"
+        (["--optimizer.lr=0.1"], "error: --optimizer and --lr_scheduler are not"),
         # Lightning's own refusals, in one line.
         (["--trainer.max_epochs=-5"], "error: `max_epochs` must be a non-negative integer or -1. You passed in -5."),
         (["--trainer.strategy=nonsense"], "error: You selected an invalid strategy name: `strategy='nonsense'`"),
@@ -162,12 +163,20 @@ def test_a_trainer_option_of_lightning_1_is_told_what_replaced_it(monkeypatch, c
                             "(or auto, or last)"), message  # fmt: skip
 
 
-@pytest.mark.parametrize("given", [["--config", "configs/trainer/cpu.yaml", "fit"], ["-c=configs/cpu.yaml", "test"]])
+def test_a_null_optimizer_as_a_runs_config_holds_it_is_no_refusal(monkeypatch, capsys, in_project_copy):
+    for given in (["--optimizer=null"], ["--lr_scheduler", "null"]):
+        with pytest.raises(SystemExit) as done:
+            run_cli(monkeypatch, "fit", *given, "--print_config")
+        assert done.value.code in (0, None) and "seed_everything:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("given", [["--config", "configs/trainer/cpu.yaml", "fit"], ["-c=configs/cpu.yaml", "test"],
+                                   ["--config=configs/cpu.yaml", "doctor"]])  # fmt: skip
 def test_a_config_before_the_command_is_told_to_go_after_it(monkeypatch, capsys, in_project_copy, given):
     # As LightningCLI's --help shows it: its parser there takes no fit options and named the file's first
     # (`trainer.accelerator is not accepted before subcommand 'fit'`), or ignored the file without a word.
     message = refusal(monkeypatch, capsys, *given)
-    assert message.endswith("goes after the command, as in: python -m {{ cookiecutter.package_name }} fit --config <file>")
+    assert message.endswith(f"goes after the command, as in: python -m {cli.PACKAGE} {given[-1]} --config <file>")
 
 
 @pytest.mark.parametrize(

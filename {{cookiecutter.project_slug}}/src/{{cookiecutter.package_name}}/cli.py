@@ -1059,8 +1059,11 @@ def run_command(command: list[str], args: list[str] | None) -> None:
         module, _, function = TOOLS[command[0]].partition(":")
         sys.exit(getattr(importlib.import_module(f".commands.{module}", PACKAGE), function or "main")(command[1:]))
     check_config_before_command(command)
-    if any(arg.partition("=")[0].partition(".")[0] in ("--optimizer", "--lr_scheduler") for arg in command):
-        raise ConfigError(OWN_OPTIMIZER)  # before the parser asks for the class's own required arguments
+    for index, arg in enumerate(command):  # before the parser asks for a class's own required arguments
+        name, given, value = arg.partition("=")
+        value = value if given else next(iter(command[index + 1 : index + 2]), "")
+        if name.partition(".")[0] in ("--optimizer", "--lr_scheduler") and value.lower() not in ("null", "none"):
+            raise ConfigError(OWN_OPTIMIZER)  # null: what a run's config.yaml holds, and does nothing
     check_config_order(command)
     defaults = found_defaults()
     if len(defaults) < len(DEFAULT_CONFIGS):
@@ -1072,10 +1075,11 @@ def run_command(command: list[str], args: list[str] | None) -> None:
 def check_config_before_command(args: list[str]) -> None:
     """Refuse a --config given before the command (`--config x.yaml fit`), which LightningCLI's help
     shows: its parser there takes no fit options, and refuses the file's first in words of its own."""
-    command = next((index for index, arg in enumerate(args) if arg in SUBCOMMANDS), len(args))
+    command = next((index for index, arg in enumerate(args) if arg in (*SUBCOMMANDS, *TOOLS)), len(args))
     if given := [arg for arg in args[:command] if arg.partition("=")[0] in ("-c", "--config")]:
+        named = args[command] if command < len(args) else "fit"
         raise ConfigError(
-            f"{given[0].partition('=')[0]} goes after the command, as in: python -m {PACKAGE} fit --config <file>"
+            f"{given[0].partition('=')[0]} goes after the command, as in: python -m {PACKAGE} {named} --config <file>"
         )
 
 

@@ -180,8 +180,8 @@ def precision_list(text: str) -> list[str]:
     if unknown := [precision for precision in asked if precision not in known]:
         meant = f" (did you mean {meant}?)" if (meant := likely_meant(unknown[0], known, n=1)) else ""
         raise argparse.ArgumentTypeError(
-            f"{unknown[0]} is no precision Lightning trains in{meant}: give some of 32-true, bf16-mixed, "
-            "16-mixed, bf16-true, 16-true, 64-true, or all"
+            f"{unknown[0]} is no precision Lightning trains in{meant}: give some such as 32-true, bf16-mixed "
+            "and 16-mixed, or all"
         )
     return asked
 
