@@ -313,6 +313,10 @@ def test_a_resume_with_other_settings_starts_the_epoch_again_with_a_warning(tiny
             assert resumed(position, loader_first, reloaded) == 72
         # The images of 3 batches were trained on.
         assert resumed(position | {"processes": 1}, loader_first, reloaded) == 72 - 3 * 4
+        assert resumed(position | {"processes": 1, "training_images": 72}, loader_first, reloaded) == 72 - 3 * 4
+        # Images added or removed since: the epoch's order is another, its batches done are no guide.
+        with pytest.warns(UserWarning, match=r"\(training_images 70 -> 72\): it starts again"):
+            assert resumed(position | {"processes": 1, "training_images": 70}, loader_first, reloaded) == 72
     # The next fit of the same data module (a notebook's) starts its epoch afresh.
     data.setup("fit")
     assert len(list(data.train_dataloader().sampler)) == 72

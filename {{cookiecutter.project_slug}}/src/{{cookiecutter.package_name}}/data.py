@@ -391,8 +391,10 @@ class ImageDataModule(L.LightningDataModule):
         if epoch is not None:
             sampler.set_epoch(epoch)
         if (position := self._epoch_position) is not None:
-            saved = {"processes": position["processes"], "batch_size": position["batch_size"]}
-            if changed := changed_settings(saved, {"processes": sampler.num_replicas, "batch_size": self.batch_size}):
+            now = {"processes": sampler.num_replicas, "batch_size": self.batch_size,
+                   "training_images": len(self._train_loader.dataset)}  # fmt: skip
+            saved = {name: position[name] for name in now if name in position}  # images: saved since kept
+            if changed := changed_settings(saved, {name: now[name] for name in saved}):
                 rank_zero_warn(epoch_restarts(changed))
                 self._epoch_position = None
             else:
@@ -484,7 +486,8 @@ class ImageDataModule(L.LightningDataModule):
             return None
         batches = trainer.fit_loop.epoch_loop.batch_progress.current.completed
         return {"format": self.data_format, "epoch": trainer.current_epoch, "batches": batches,
-                "processes": trainer.world_size, "batch_size": self.batch_size}  # fmt: skip
+                "processes": trainer.world_size, "batch_size": self.batch_size,
+                "training_images": len(self.train_set)}  # fmt: skip
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved = state_dict.get("class_names")
