@@ -61,7 +61,7 @@ def written_whole(path: Path, mode: str = "w", newline: str | None = None) -> It
             os.fsync(file.fileno())
         os.replace(staging, path)
     except OSError as error:  # a full disk, a forbidden folder: told of the file asked for, not of its stand-in
-        if error.filename in (None, str(staging)):
+        if error.errno is not None and error.filename in (None, str(staging)):
             error.filename, error.filename2 = str(path), None
         raise
     finally:
