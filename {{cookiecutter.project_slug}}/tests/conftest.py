@@ -209,7 +209,17 @@ def free_port() -> int:
 
 def start_group(command: list[str], **options) -> subprocess.Popen:
     """Start a command in a process group of its own, which tests kill whole when they are done with it."""
+    options.setdefault("preexec_fn", as_from_a_terminal)
     return subprocess.Popen(command, start_new_session=True, **options)
+
+
+def as_from_a_terminal() -> None:
+    """In a command started by a test: SIGTERM and Ctrl-C as a terminal's command starts with them,
+    whatever the test's process holds. A pytest worker that an earlier in-process test left with
+    Ctrl-C ignored passed it on, and a command then never heard the Ctrl-C its test sent."""
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def run_group(command: list[str], timeout: float, **options) -> subprocess.CompletedProcess:
