@@ -215,8 +215,8 @@ def start_group(command: list[str], **options) -> subprocess.Popen:
 
 def as_from_a_terminal() -> None:
     """In a command started by a test: SIGTERM and Ctrl-C as a terminal's command starts with them,
-    whatever the test's process holds. A pytest worker that an earlier in-process test left with
-    Ctrl-C ignored passed it on, and a command then never heard the Ctrl-C its test sent."""
+    whatever the test's process holds. pytest started as a background job (a script's `&`) has Ctrl-C
+    ignored, and passed that on: a command then never heard the Ctrl-C its test sent."""
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
