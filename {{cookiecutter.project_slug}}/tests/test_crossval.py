@@ -20,6 +20,7 @@ from helper_callbacks import SigtermAt
 from test_wandb_logging import wandb_records
 {%- endif %}
 
+from {{ cookiecutter.package_name }}.cli import resolved_config
 from {{ cookiecutter.package_name }}.commands import crossval
 from {{ cookiecutter.package_name }}.commands.crossval import METRICS
 from {{ cookiecutter.package_name }}.commands.experiment_runs import fit_in_folder, run_settings
@@ -179,12 +180,12 @@ def test_runs_kept_go_on_only_with_the_settings_the_config_files_gave_them(monke
     # configs/default.yaml edited between a stopped cv and the call that goes on: the folds to come
     # trained with another learning rate than fold0, and the summary's mean mixed the two.
     folder, runs = Path("cv/folds2"), crossval.planned_runs(2, None)
-    crossval.check_same_options(folder, ON_CPU, runs, run_settings(ON_CPU))
+    crossval.check_same_options(folder, ON_CPU, runs, run_settings(resolved_config(ON_CPU)))
     (folder / "fold0").mkdir()
     (folder / "fold0" / METRICS).write_text("{}")
     config = in_project_copy / "configs" / "default.yaml"
     config.write_text(config.read_text() + "  num_workers: 0\n")  # how the images are read: it goes on
-    crossval.check_same_options(folder, ON_CPU, runs, run_settings(ON_CPU))
+    crossval.check_same_options(folder, ON_CPU, runs, run_settings(resolved_config(ON_CPU)))
     config.write_text(config.read_text() + "model:\n  lr: 0.004\n")
     message = refusal(monkeypatch, capsys, "cv", "--folds=2", *ON_CPU)
     assert message.startswith("error: cv/folds2 holds runs started with other settings (model.lr "), message

@@ -20,6 +20,7 @@ from conftest import ON_CPU, PROJECT_ROOT, command_env, on_data, refusal, run_co
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+from {{ cookiecutter.package_name }}.cli import resolved_config
 from {{ cookiecutter.package_name }}.commands import sweep
 from {{ cookiecutter.package_name }}.commands.experiment_runs import run_settings
 from {{ cookiecutter.package_name }}.commands.search_space import read_search_space
@@ -214,7 +215,7 @@ def test_sweep_sbatch_runs_the_sweep_as_a_job_step_and_requeues_a_task_stopped_b
 
 
 def test_the_projects_search_space_is_valid(in_project_copy):
-    distributions = read_search_space(Path("configs/sweep.yaml"), ON_CPU)
+    distributions = read_search_space(Path("configs/sweep.yaml"), ON_CPU, resolved_config(ON_CPU))
     assert {"model.lr", "data.augment"} <= distributions.keys()
 
 
@@ -255,14 +256,14 @@ def test_a_study_goes_on_only_with_the_settings_the_config_files_gave_it(in_proj
     # configs/default.yaml edited between a stopped sweep and the call that goes on: trials of another
     # length than the first, and the best of them into tuned.yaml.
     started, space = optuna.create_study(direction="maximize"), {"model.lr": CategoricalDistribution([0.001, 0.01])}
-    sweep.check_same_study(started, space, ON_CPU, run_settings(ON_CPU, free=tuple(space)))
+    sweep.check_same_study(started, space, ON_CPU, run_settings(resolved_config(ON_CPU), free=tuple(space)))
     started.enqueue_trial({})
     config = in_project_copy / "configs" / "default.yaml"
     config.write_text(config.read_text() + "  num_workers: 0\nmodel:\n  lr: 0.5\n")  # how, and an option searched
-    sweep.check_same_study(started, space, ON_CPU, run_settings(ON_CPU, free=tuple(space)))
+    sweep.check_same_study(started, space, ON_CPU, run_settings(resolved_config(ON_CPU), free=tuple(space)))
     config.write_text(re.sub(r"max_epochs: \d+", "max_epochs: 99", config.read_text()))
     with pytest.raises(sweep.ConfigError, match=r"other settings \(trainer.max_epochs \d+ -> 99\): put the config"):
-        sweep.check_same_study(started, space, ON_CPU, run_settings(ON_CPU, free=tuple(space)))
+        sweep.check_same_study(started, space, ON_CPU, run_settings(resolved_config(ON_CPU), free=tuple(space)))
 
 
 def test_a_study_whose_trials_all_failed_takes_the_search_space_given_now():

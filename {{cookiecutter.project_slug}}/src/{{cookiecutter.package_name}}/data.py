@@ -35,13 +35,12 @@ from .datasets.images import ImageFiles, collate_readable
 from .datasets.sampling import (
     ClassBalancedSampler,
     EpochSampler,
-    changed_settings,
     epoch_restarts,
     imbalance_warning,
     run_seed,
     unevaluated_warning,
 )
-from .errors import ConfigError, DataError, MissingError, check_choices
+from .errors import ConfigError, DataError, MissingError, changed_settings, check_choices
 from .hardware.sharding import shards_weights
 from .training import sigterm
 from .training.progress import ends_before, next_epoch
@@ -393,8 +392,7 @@ class ImageDataModule(L.LightningDataModule):
         if (position := self._epoch_position) is not None:
             now = {"processes": sampler.num_replicas, "batch_size": self.batch_size,
                    "training_images": len(self._train_loader.dataset)}  # fmt: skip
-            saved = {name: position[name] for name in now if name in position}  # images: saved since kept
-            if changed := changed_settings(saved, {name: now[name] for name in saved}):
+            if changed := changed_settings(position, now):  # training_images: none in an earlier checkpoint's
                 rank_zero_warn(epoch_restarts(changed))
                 self._epoch_position = None
             else:

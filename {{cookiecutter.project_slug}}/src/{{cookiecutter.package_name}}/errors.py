@@ -11,7 +11,6 @@ import errno
 import os
 import re
 import sys
-import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -97,9 +96,7 @@ def check_choices(function: Callable, given: dict, group: str) -> None:
     """Refuse a text option outside the choices its type names (a Literal), as the CLI refuses it, where
     Python code gives it: `augment="foo"` would otherwise run as another choice."""
     for name, hint in typing.get_type_hints(function).items():
-        parts = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-        literals = [part for part in parts if typing.get_origin(part) is typing.Literal]
-        choices = [choice for literal in literals for choice in typing.get_args(literal)]
+        choices = literal_choices(hint)
         value = given.get(name)
         if choices and isinstance(value, str) and value not in choices:
             meant = likely_meant(value, [str(choice) for choice in choices], n=1)
@@ -107,6 +104,21 @@ def check_choices(function: Callable, given: dict, group: str) -> None:
                 f"{group}.{name} must be one of {', '.join(map(str, choices))}, got {value!r}"
                 + (f" (did you mean {meant}?)" if meant else "")
             )
+
+
+def literal_choices(hint) -> list:
+    """Every value of the Literals in a type hint, in unions too (`Literal["a"] | None`; Lightning's
+    precision, ints and texts)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return list(typing.get_args(hint))
+    return [value for part in typing.get_args(hint) for value in literal_choices(part)]
+
+
+def changed_settings(before: dict, now: dict) -> str:
+    """The settings that differ, as `name before -> now` (the first three), or "" where none does. One
+    that only one side has (an option the code gained or lost since) is left out."""
+    changed = [f"{name} {was!r} -> {now[name]!r}" for name, was in before.items() if name in now and was != now[name]]
+    return ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
 
 
 def closest(name: str, known: list[str], count: int = 5) -> list[str]:

@@ -20,7 +20,7 @@ from lightning.fabric.utilities.throughput import get_available_flops, measure_f
 
 from ..cli import build
 from ..data import ImageDataModule, auto_workers, usable_cpus
-from ..errors import PACKAGE, CommandParser, ConfigError, likely_meant
+from ..errors import PACKAGE, CommandParser, ConfigError, likely_meant, literal_choices
 from ..model import ImageClassifier
 from .tuned_config import TUNED_CONFIG, update_tuned_config
 
@@ -176,7 +176,7 @@ def precision_list(text: str) -> list[str]:
     if text == "all":
         return ["32-true", "bf16-mixed", *(["16-mixed"] if torch.cuda.is_available() else [])]
     asked = [precision.strip() for precision in text.split(",") if precision.strip()]
-    known = literal_values(typing.get_type_hints(L.Trainer.__init__)["precision"])
+    known = [str(value) for value in literal_choices(typing.get_type_hints(L.Trainer.__init__)["precision"])]
     if unknown := [precision for precision in asked if precision not in known]:
         meant = f" (did you mean {meant}?)" if (meant := likely_meant(unknown[0], known, n=1)) else ""
         raise argparse.ArgumentTypeError(
@@ -184,13 +184,6 @@ def precision_list(text: str) -> list[str]:
             "and 16-mixed, or all"
         )
     return asked
-
-
-def literal_values(hint) -> list[str]:
-    """Every value, as text, of the Literals in a type hint (Lightning's precision: ints and texts)."""
-    if typing.get_origin(hint) is typing.Literal:
-        return [str(value) for value in typing.get_args(hint)]
-    return [value for part in typing.get_args(hint) for value in literal_values(part)]
 
 
 def worker_counts(text: str) -> list[int]:

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from ..cli import SEEDS
-from ..errors import PACKAGE, CommandParser, ConfigError
+from ..cli import SEEDS, resolved_config
+from ..errors import PACKAGE, CommandParser, ConfigError, changed_settings
 from ..training.checkpoint_io import write_whole
 from ..training.run_folders import last_checkpoints
 from .experiment_runs import (
-    differing_settings,
     fit_in_folder,
     folder_name,
     gpus_for_copies,
@@ -79,7 +78,7 @@ def check_same_options(folder: Path, cli_args: list[str], runs: dict[str, list[s
         if not same_options(cli_args, earlier["options"]):
             said = " ".join(earlier["options"]) or "no options"
             raise ConfigError(f"{folder} holds runs started with other options ({said}): pass --name for a new set")
-        if changed := differing_settings(earlier.get("settings", {}), settings):  # a config file edited since
+        if changed := changed_settings(earlier.get("settings", {}), settings):  # a config file edited since
             raise ConfigError(
                 f"{folder} holds runs started with other settings ({changed}): put the config files back as they "
                 "were, or pass --name for a new set"
@@ -172,7 +171,8 @@ def run(
     copies_on = gpus_for_copies() if gpus else []
     if worker_part()[1] == 1:
         # With --seeds each run's seed is its own: the configs' seed_everything is none of them.
-        check_same_options(folder, cli_args, runs, run_settings(cli_args, free=("seed_everything",) if seeds else ()))
+        settings = run_settings(resolved_config(cli_args), free=("seed_everything",) if seeds else ())
+        check_same_options(folder, cli_args, runs, settings)
     if copies_on:
         status = run_per_gpu(command, without_option(args, "--gpus-per-trial"), copies_on)
         if status:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..cli import build, exit_status, finish_wandb_run, resolved_config, stop_unhidden
+from ..cli import build, exit_status, finish_wandb_run, stop_unhidden
 from ..errors import PACKAGE, ConfigError
 from ..training.quiet import silence_resume_notice
 from ..training.resume import HOW_NOT_WHAT, LINKED
@@ -83,11 +83,11 @@ def leaf_values(config: dict, prefix: str = "") -> dict[str, object]:
     return values
 
 
-def run_settings(cli_args: list[str], free: tuple[str, ...] = ()) -> dict[str, object]:
-    """What the runs of a study or a set compute with, as fit resolves it from the config files and
-    `cli_args`: every setting but those of how they run, and `free` (the options a sweep searches).
-    Kept as they began, so that a config file edited before a call that goes on is not missed."""
-    settings = leaf_values(resolved_config(cli_args))
+def run_settings(config: dict, free: tuple[str, ...] = ()) -> dict[str, object]:
+    """What the runs of a study or a set compute with, from fit's resolved `config` (cli.resolved_config):
+    every setting but those of how they run, and `free` (the options a sweep searches). Kept as they
+    began, so that a config file edited before a call that goes on is not missed."""
+    settings = leaf_values(config)
     given = [each if isinstance(each, dict) else {"class_path": each} for each in settings["trainer.callbacks"] or []]
     callbacks = [each for each in given if not str(each.get("class_path")).endswith(HOW_CALLBACKS)]
     settings["trainer.callbacks"] = [str(each.get("class_path")).rpartition(".")[2] for each in callbacks]
@@ -99,17 +99,10 @@ def run_settings(cli_args: list[str], free: tuple[str, ...] = ()) -> dict[str, o
     }  # fmt: skip
 
 
-def differing_settings(started: dict[str, object], now: dict[str, object]) -> str:
-    """The settings that differ, as `name before -> now` (the first three), or "" where none does. One
-    that only one side has (an option the code gained or lost since) is left to fit's own checks."""
-    changed = [f"{name} {was!r} -> {now[name]!r}" for name, was in started.items() if name in now and was != now[name]]
-    return ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-
-
-def monitored_metric(cli_args: list[str]) -> tuple[str, str]:
-    """The metric and mode ("max" or "min") of the configured ModelCheckpoint that keeps the best
-    checkpoint: what a sweep optimises and its pruner watches, and what `cv` reads the best epoch by."""
-    for callback in resolved_config(cli_args)["trainer"].get("callbacks") or []:
+def monitored_metric(config: dict) -> tuple[str, str]:
+    """The metric and mode ("max" or "min") of the ModelCheckpoint in fit's resolved `config` that keeps
+    the best checkpoint: what a sweep optimises and its pruner watches."""
+    for callback in config["trainer"].get("callbacks") or []:
         arguments = callback.get("init_args") or {}
         if str(callback.get("class_path", "")).endswith("ModelCheckpoint") and arguments.get("monitor"):
             return arguments["monitor"], arguments.get("mode", "min")

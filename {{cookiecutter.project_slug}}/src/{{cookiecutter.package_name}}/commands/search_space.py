@@ -22,9 +22,9 @@ RANGE_KEYS = {"low", "high", "log", "step"}
 FORMS = "a range {low: 0.001, high: 0.1, log: true} (step: for a grid) or a list of choices [basic, trivialaugment]"
 
 
-def read_search_space(path: Path, cli_args: list[str]) -> dict[str, BaseDistribution]:
+def read_search_space(path: Path, cli_args: list[str], config: dict) -> dict[str, BaseDistribution]:
     """The distribution of each option in the file at `path`, every bound and choice of which `fit`
-    accepts with the options `cli_args`."""
+    accepts with the options `cli_args`, which resolve to `config` (cli.resolved_config)."""
     if not path.is_file():
         raise MissingError(f"No search space at {path}: write one (see configs/sweep.yaml).")
     try:
@@ -33,7 +33,7 @@ def read_search_space(path: Path, cli_args: list[str]) -> dict[str, BaseDistribu
         raise ConfigError(f"{path} is not valid YAML: {getattr(error, 'problem', None) or error}") from None
     if not isinstance(space, dict) or not space:
         raise ConfigError(f"{path} must map fit options (model.lr, ...) each to {FORMS}")
-    options = list(leaf_values(resolved_config(cli_args)))
+    options = list(leaf_values(config))
     distributions = {}
     for key, values in space.items():
         if key not in options:

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from ..errors import PACKAGE, CommandParser, ConfigError, UserError, one_line
+from ..cli import resolved_config
+from ..errors import PACKAGE, CommandParser, ConfigError, UserError, changed_settings, one_line
 from ..training.callbacks import NonFiniteLossError
 from ..training.sigterm import process_alive
 from .experiment_runs import (
-    differing_settings,
     fit_in_folder,
     folder_name,
     gpus_for_copies,
@@ -117,8 +117,9 @@ class SweepLock:
         self.lock.release()
 
 
-def run_trials(study, distributions, cli_args: list[str], folder: Path, trials: int, stale_after: float) -> None:
-    monitor, _ = monitored_metric(cli_args)
+def run_trials(
+    study, distributions, cli_args: list[str], monitor: str, folder: Path, trials: int, stale_after: float
+) -> None:
     failures = 0
     while True:
         with SweepLock(folder):
@@ -292,7 +293,7 @@ def check_same_study(study, distributions: dict, cli_args: list[str], settings: 
             f"Study {study.study_name} was run with {' and '.join(said[key] for key in differ)}: "
             "give the same, or start another with --study."
         )
-    if changed := differing_settings(held.get("settings", {}), settings):  # a config file edited since
+    if changed := changed_settings(held.get("settings", {}), settings):  # a config file edited since
         raise ConfigError(
             f"Study {study.study_name} was run with other settings ({changed}): put the config files back as they "
             "were, or start another with --study."
@@ -335,22 +336,23 @@ def main(args: list[str]) -> int:
         parser.error(f"--stale-after must be above 0, got {options.stale_after:g}")
     name = options.study or options.space.stem
     folder = SWEEPS / name
-    distributions = read_search_space(options.space, cli_args)  # checked once, before any trial or copy starts
-    monitor, mode = monitored_metric(cli_args)
+    config = resolved_config(cli_args)
+    distributions = read_search_space(options.space, cli_args, config)  # checked once, before any trial or copy starts
+    monitor, mode = monitored_metric(config)
     gpus = gpus_for_copies() if options.gpus_per_trial else []
     pruner = optuna.pruners.NopPruner()
     if options.pruner == "median":
         # The epochs' reports count from 0: the Nth epoch's is step N - 1, the first Optuna may prune at.
         pruner = optuna.pruners.MedianPruner(options.prune_after_trials, options.prune_after_epochs - 1)
     study = open_study(name, options.storage, folder, {"max": "maximize", "min": "minimize"}[mode], pruner)
-    check_same_study(study, distributions, cli_args, run_settings(cli_args, free=tuple(distributions)))
+    check_same_study(study, distributions, cli_args, run_settings(config, free=tuple(distributions)))
     folder.mkdir(parents=True, exist_ok=True)  # where the trials go; a journal storage made it already
     if gpus:
         status = run_per_gpu("sweep", without_option(args, "--gpus-per-trial"), gpus)
         if status:
             return status
     else:
-        run_trials(study, distributions, cli_args, folder, options.trials, options.stale_after)
+        run_trials(study, distributions, cli_args, monitor, folder, options.trials, options.stale_after)
         if worker_part()[1] > 1:
             return 0  # the process that started the copies sums up once they are all done
     with SweepLock(folder):

@@ -118,11 +118,6 @@ def unevaluated_warning(counts: list[int], names: list[str], split: str = "val")
     )
 
 
-def changed_settings(saved: dict, now: dict) -> str:
-    """The settings that differ, as "name saved -> now", comma-separated ("" when none do)."""
-    return ", ".join(f"{key} {saved[key]} -> {now[key]}" for key in now if saved.get(key) != now[key])
-
-
 def epoch_restarts(changed: str) -> str:
     return (
         f"The interrupted epoch cannot go on where it stopped with other settings ({changed}): it starts "

@@ -20,12 +20,12 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torchvision.transforms import v2
 
-from ..errors import ConfigError, MissingError
+from ..errors import ConfigError, MissingError, changed_settings
 from ..hardware.network import is_remote
 from ..training.checkpoint_io import write_whole
 from ..transforms import at_epoch
 from .images import IMAGE_SUFFIXES, SaidOnce, labelled_image
-from .sampling import changed_settings, draw_seed, epoch_restarts, seeded_draws
+from .sampling import draw_seed, epoch_restarts, seeded_draws
 
 try:  # the `streaming` extra
     from litdata import StreamingDataLoader, StreamingDataset, optimize

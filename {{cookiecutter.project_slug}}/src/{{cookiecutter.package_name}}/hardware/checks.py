@@ -34,6 +34,7 @@ def machine_facts() -> dict:
                 "tf32": props.major >= 8,
             }
         )
+    amx = _cpu_has_amx()
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -42,8 +43,8 @@ def machine_facts() -> dict:
         "nccl": _nccl_version() if gpus else None,
         "gpus": gpus,
         "mps": torch.backends.mps.is_available(),
-        "cpu_bf16": _cpu_computes_bf16(),
-        "cpu_amx": _cpu_has_amx(),
+        "cpu_bf16": amx or _cpu_computes_bf16(),
+        "cpu_amx": amx,
         "cpus": usable_cpus(),
         "deepspeed": find_spec("deepspeed") is not None,
     }
@@ -79,11 +80,11 @@ def settle_precision(trainer) -> None:
 
 
 def _cpu_computes_bf16() -> bool:
-    """Whether the CPU has bfloat16 arithmetic. oneDNN's own test (_is_mkldnn_bf16_supported) on an x86
-    CPU asks only for AVX-512, on which it emulates bfloat16, 3 to 4 times slower than float32."""
+    """Whether the CPU has bfloat16 arithmetic other than AMX's. oneDNN's own test (_is_mkldnn_bf16_supported)
+    on an x86 CPU asks only for AVX-512, on which it emulates bfloat16, 3 to 4 times slower than float32."""
     try:
         if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-            return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+            return bool(torch.cpu._is_avx512_bf16_supported())
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # Arm: its BF16 extension
     except (AttributeError, RuntimeError):
         return False
