@@ -97,6 +97,9 @@ def test_a_folder_without_images_is_named(monkeypatch, capsys, trained, tmp_path
     (tmp_path / "empty" / "notes.txt").write_text("no images here")
     capsys.readouterr()  # the training's output
     assert "No images (.jpg" in refusal(monkeypatch, capsys, "classify", str(tmp_path / "empty"))
+    # A mistyped path was "neither an image file nor a folder".
+    missing = refusal(monkeypatch, capsys, "classify", str(tmp_path / "emtpy"))
+    assert missing == f"error: {tmp_path / 'emtpy'} does not exist: give image files or folders of them."
 
 
 @pytest.mark.parametrize(

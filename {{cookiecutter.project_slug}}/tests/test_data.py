@@ -306,6 +306,9 @@ def test_a_fit_says_how_many_images_each_split_holds(caplog, tiny_shapes, tmp_pa
     ImageDataModule(tmp_path, num_workers=0, val_fraction=0.25).setup("fit")
     said = "Data: 10 training and 3 validation image files in 2 classes (3 to 7 training files a class) from"
     assert f"{said} {tmp_path}; no val/ folder, so validating on 0.25 of each class held out" in caplog.text
+    make_folder(tmp_path / "one", {"train/cat": 1, "train/dog": 1, "val/cat": 1, "val/dog": 1})
+    ImageDataModule(tmp_path / "one", num_workers=0).setup("fit")
+    assert "in 2 classes (1 training file a class) from" in caplog.text
 
 
 def test_split_folders_are_read_under_the_names_datasets_give_them_in_any_case(caplog, tmp_path):
@@ -341,6 +344,16 @@ def test_class_folders_named_in_another_unicode_form_are_the_same_classes(tmp_pa
     assert data.class_names == ["caf\u00e9", "d\u00e9j\u00e0"]
     assert sorted(label for _, label in data.val_set.samples) == [0, 1]
     assert folders.find_classes(tmp_path / "val") == data.class_names
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_two_class_folders_named_alike_in_two_unicode_forms_are_refused(tmp_path, split):
+    # A macOS copy merged into a Linux one: both read one folder under two labels, the other's images unread.
+    make_folder(tmp_path / "train", {"caf\u00e9": 2, "th\u00e9": 2} | ({"cafe\u0301": 2} if split == "train" else {}))
+    make_folder(tmp_path / "val", {"caf\u00e9": 1, "th\u00e9": 1} | ({"cafe\u0301": 1} if split == "val" else {}))
+    said = f"{tmp_path / split} has two class folders named 'caf\u00e9', spelled 'cafe\\u0301' and 'caf\\xe9' "
+    with pytest.raises(DataError, match=re.escape(f"{said}(accents written two ways): move the images of one into")):
+        ImageDataModule(tmp_path, num_workers=0).setup("fit")
 
 
 def test_an_evaluation_with_a_val_folder_reads_nothing_of_the_training_images(tmp_path):

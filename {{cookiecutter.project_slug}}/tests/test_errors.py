@@ -313,7 +313,9 @@ def test_checkpoint_paths_are_checked_before_anything_reads_them(tmp_path):
             check_checkpoint(str(tmp_path / given))
 
 
-@pytest.mark.parametrize("layout", ["missing", "a file", "one class", "empty class", "one folder more"])
+@pytest.mark.parametrize(
+    "layout", ["missing", "a file", "one class", "empty class", "one folder more", "one image a class", "empty val"]
+)
 def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, tiny_shapes, tmp_path, layout):
     data = tmp_path / "data"
     if layout == "one class":
@@ -327,11 +329,22 @@ def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, 
         (data / "circle").mkdir()
     elif layout == "a file":  # an archive not unpacked yet
         data.write_bytes(b"PK\x05\x06" + bytes(18))
+    elif layout == "one image a class":  # trained with no best checkpoint, said by Lightning's warnings alone
+        for name in ("circle", "square"):
+            (data / name).mkdir(parents=True)
+            shutil.copy(next((tiny_shapes / "train" / name).iterdir()), data / name)
+    elif layout == "empty val":
+        shutil.copytree(tiny_shapes / "train", data / "train")
+        (data / "val").mkdir()
     expected = {"missing": f"Data folder {data} does not exist.", "a file": f"Data folder {data} is a file.",
                 "one class": "needs at least two: put each class's images in a folder of its own under it.",
                 "empty class": "No images", "one folder more": f"{data} has 1 class folder(s) (shapes); a classifier "
                 f"needs at least two: if the 3 folders in shapes are the classes or the splits, set data.data_dir to "
-                f"{data / 'shapes'}."}[layout]  # fmt: skip
+                f"{data / 'shapes'}.",
+                "one image a class": f"No validation images: every class in {data} has one image, and a share is held "
+                "out only of a class of two or more. Add images, or a val/ folder of them.",
+                "empty val": f"{data / 'val'} holds no images: add each class's, or remove it to hold out a share of "
+                "train/."}[layout]  # fmt: skip
     # Not a fast_dev_run, whose logger keeps nothing: the default logger's run must not have begun.
     line = refusal(monkeypatch, capsys, *fit(data), "--trainer.fast_dev_run=false")
     assert expected in line

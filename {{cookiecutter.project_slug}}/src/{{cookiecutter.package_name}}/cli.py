@@ -788,6 +788,8 @@ class ClassifierCLI(LightningCLI):
         if self.subcommand == "fit" and self.trainer.limit_val_batches == 0:
             self.say_validation_off()
         self.datamodule.check_folders(self.subcommand)  # Lightning's stages have the subcommands' names
+        if self.subcommand in ("fit", "validate") and self.trainer.limit_val_batches != 0:
+            self.datamodule.check_val_split()
         if self.subcommand == "test":
             self.datamodule.check_test_split()
 

@@ -299,11 +299,11 @@ class ImageDataModule(L.LightningDataModule):
         split (val_fraction, split_seed, folds) made of the folders."""
         train, val = self.train_class_counts(), self.class_counts("val")
         per_class = f"{min(train):,} to {max(train):,}" if min(train) != max(train) else f"{min(train):,}"
+        per_class += " training file a class" if max(train) == 1 else " training files a class"
         # Files: an unreadable one is found, and skipped, only when it is read.
         return (
             f"Data: {sum(train):,} training and {sum(val):,} validation image files in {self.num_classes} classes "
-            f"({per_class} training files a class) from {self.data_dir}"
-            + "".join(f"; {note}" for note in self._split_notes())
+            f"({per_class}) from {self.data_dir}" + "".join(f"; {note}" for note in self._split_notes())
         )
 
     def _split_notes(self) -> list[str]:
@@ -406,6 +406,18 @@ class ImageDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         self.check_test_split()
         return self._evaluation_loader(self.test_set)
+
+    def check_val_split(self) -> None:
+        """Refuse a fit or validate with no validation image (check_folders has read the folders): a fit
+        would keep no best checkpoint, and say so only in Lightning's warnings."""
+        if not self._splits_checked or self.val_set is None or len(self.val_set):
+            return
+        if val_dir := split_folder(self.data_dir, "val"):
+            raise DataError(f"{val_dir} holds no images: add each class's, or remove it to hold out a share of train/.")
+        raise DataError(
+            f"No validation images: every class in {train_folder(self.data_dir)} has one image, and a share is held "
+            "out only of a class of two or more. Add images, or a val/ folder of them."
+        )
 
     def check_test_split(self) -> None:
         """Refuse `test` on data without a test split; the CLI asks before a logger starts a run."""

@@ -269,7 +269,7 @@ class ImageClassifier(L.LightningModule):
 
     def predict_step(self, batch: tuple[torch.Tensor, list[str]] | torch.Tensor, batch_idx: int) -> torch.Tensor:
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self(images).softmax(dim=-1)
+        return self(images).float().softmax(dim=-1)  # bf16-mixed's logits: probabilities to float32's digits
 
     def configure_model(self) -> None:
         if self._trainer is None:  # load_from_checkpoint calls this too: the model stays as built

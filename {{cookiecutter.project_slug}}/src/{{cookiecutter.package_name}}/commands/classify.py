@@ -42,8 +42,10 @@ def image_files(inputs: list[Path]) -> list[Path]:
             found += images
         elif given.is_file():
             found.append(given)
-        else:
+        elif given.exists():
             raise MissingError(f"{given} is neither an image file nor a folder.")
+        else:
+            raise MissingError(f"{given} does not exist: give image files or folders of them.")
     unique: dict[str, Path] = {}  # an image in a folder given and given itself too is classified once
     for path in found:
         unique.setdefault(os.path.abspath(path), path)

@@ -163,7 +163,7 @@ class TooFewClassesError(DataError):
 def find_classes(folder: Path) -> list[str]:
     """The class folders' names, sorted, in Unicode's composed form: macOS and some zip tools write é
     as e and an accent, and a copy of the folders made there must name and order the classes alike."""
-    classes = sorted(unicodedata.normalize("NFC", name) for name in _subfolders(folder))
+    classes = sorted(class_folders(folder))
     if len(classes) < 2:
         raise TooFewClassesError(folder, classes)
     return classes
@@ -179,7 +179,7 @@ def same_everywhere(path: str) -> str:
 def find_images(folder: Path, classes: list[str], held_out: bool = False) -> list[tuple[str, int]]:
     """Every image under `folder/<class>/`, labelled by the class's index in `classes`. The validation
     or test images (`held_out`) may lack a class, whose empty folder is then as if absent."""
-    folders = {unicodedata.normalize("NFC", name): name for name in _subfolders(folder)}  # as find_classes names
+    folders = class_folders(folder)
     unknown = sorted(set(folders) - set(classes))
     if unknown:
         raise DataError(
@@ -259,6 +259,20 @@ def other_images_warning(other_images: Counter, folder: Path) -> str | None:
         f"Skipped {other_images.total()} image file(s) under {folder} of types not read ({kinds}): convert or "
         f"rename them to {', '.join(IMAGE_SUFFIXES)} to use them."
     )
+
+
+def class_folders(folder: Path) -> dict[str, str]:
+    """Each class folder in `folder` by its name in composed Unicode (find_classes'), or an error where two
+    folders name one class so (café composed and decomposed, a macOS copy merged into another)."""
+    folders: dict[str, str] = {}
+    for name in _subfolders(folder):
+        if (composed := unicodedata.normalize("NFC", name)) in folders:
+            raise DataError(
+                f"{folder} has two class folders named {composed!r}, spelled {ascii(folders[composed])} and "
+                f"{ascii(name)} (accents written two ways): move the images of one into the other."
+            )
+        folders[composed] = name
+    return folders
 
 
 def _subfolders(folder: Path) -> list[str]:
