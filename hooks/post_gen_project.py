@@ -20,6 +20,8 @@ RENDERED_BY_CRUFT = "_commit" in ANSWERS and "_output_dir" not in ANSWERS
 # "1" runs the environment and smoke-test steps even in CI or without a terminal; "0" never runs them.
 FORCE = "LIGHTNING_TEMPLATE_SETUP"
 MAKE_ENV = str(Path("scripts") / "make_env.py")  # the project's own, which users rerun
+# How a user sets the project up later; `current` is this Python's, cookiecutter's.
+SETUP = [sys.executable if SETUP_ENV == "current" else "python3", MAKE_ENV, {"none": "uv"}.get(SETUP_ENV, SETUP_ENV)]
 # A feature's own files by (question, the answer that keeps them): modules by name, in any folder of src/, tests in
 # tests/, others; removed whole when the answers leave it out, but a file two features share stays while either is kept.
 FILES_OF = {
@@ -63,8 +65,7 @@ def main() -> None:
     skipped = skip_reason()
     if skipped:  # make_env.py, once run, says what to run next
         print(f"No environment or smoke test: {skipped}.")
-        setup = " ".join(["python3", MAKE_ENV, SETUP_ENV if SETUP_ENV != "none" else "uv", *smoke])
-        print(f"\nNext:\n  cd {Path.cwd()}\n  {setup}")
+        print(f"\nNext:\n  cd {Path.cwd()}\n  {' '.join([*SETUP, *smoke])}")
         return
     setup = subprocess.Popen([sys.executable, MAKE_ENV, SETUP_ENV, *smoke])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is make_env.py's, which says how to finish
@@ -116,4 +117,4 @@ if __name__ == "__main__":
         main()
     except (Exception, KeyboardInterrupt) as error:  # any exit status but 0 makes cookiecutter delete the project
         print(f"\nThe setup stopped: {error!r}")
-        print(f"The project is kept in {Path.cwd()}; set it up with: python3 {MAKE_ENV}")
+        print(f"The project is kept in {Path.cwd()}; set it up with: {' '.join(SETUP)}")

@@ -90,6 +90,17 @@ def is_timm_model(name: str) -> bool:
     return model in (timm.list_models(pretrained=True) if "." in model else timm.list_models())
 
 
+def timm_fixed_side(name: str) -> int | None:
+    """The one image side a timm model takes (a ViT's, 224), where timm is here to say."""
+    try:
+        import timm
+
+        config = timm.get_pretrained_cfg(name.removeprefix("timm/"))
+    except Exception:
+        return None
+    return config.input_size[-1] if config is not None and config.fixed_input_size else None
+
+
 def is_torchvision_classifier(name: str) -> bool:
     if name in TORCHVISION_CLASSIFIERS:
         return True
@@ -131,8 +142,9 @@ def hardware_problems(answers: dict[str, str]) -> list[str]:
 
 
 def side_problems(backbone: str, size: int) -> list[str]:
-    """The image size a torchvision backbone cannot take (the project checks any model as it builds it)."""
+    """The image size a backbone cannot take, as far as known here (the project checks any model as it builds it)."""
     one = next((side for prefix, side in ONE_SIDE.items() if backbone.startswith(prefix)), None)
+    one = timm_fixed_side(backbone) if backbone.startswith("timm/") else one
     if one is not None and size != one:
         return [f"{backbone} takes {one}-pixel images only, and image_size is {size}: answer image_size={one}."]
     least = next((side for prefix, side in SMALLEST_SIDE.items() if backbone.startswith(prefix)), 0)

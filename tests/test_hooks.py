@@ -53,6 +53,11 @@ REFUSED = [
     ({"package_name": "matplotlib"}, "shadows the module of that name that the project, its tools or tests use"),
     ({"backbone": "vit_b_16"}, "vit_b_16 takes 224-pixel images only, and image_size is 64: answer image_size=224."),
     ({"backbone": "inception_v3"}, "inception_v3 takes images of 75 pixels or more, and image_size is 64"),
+    # Rendered, then refused by fit.
+    (
+        {"backbone": "timm/vit_base_patch16_224"},
+        "timm/vit_base_patch16_224 takes 224-pixel images only, and image_size is 64",
+    ),
     (
         {"accelerator": "cpu", "strategy": "deepspeed"},
         "DeepSpeed runs on NVIDIA GPUs only, and accelerator is cpu: "

@@ -142,12 +142,15 @@ def test_environment_and_smoke_test_are_skipped_without_a_person(tmp_path, env, 
     assert "python3 scripts/make_env.py uv" in result.stdout
 
 
-def test_next_steps_run_without_a_python_command(tmp_path):
-    # Debian and Ubuntu have python3 but no `python` outside an activated environment.
-    result = generate(tmp_path, {"CI": "true"}, setup_env="venv", smoke_test="yes")
+@pytest.mark.parametrize("setup_env", ["venv", "current"])
+def test_next_steps_run_without_a_python_command(tmp_path, setup_env):
+    # Debian and Ubuntu have python3 but no `python` outside an activated environment. `current` is the
+    # Python that ran cookiecutter: python3 was told, which lacked the project's packages.
+    result = generate(tmp_path, {"CI": "true"}, setup_env=setup_env, smoke_test="yes")
     # The hook names make_env.py, which prints the rest once the environment exists (test_make_env.py).
     steps = [step.strip() for step in result.stdout.split("Next:")[1].splitlines()[2:] if step.strip()]
-    assert steps == ["python3 scripts/make_env.py venv --smoke"]
+    python = sys.executable if setup_env == "current" else "python3"
+    assert steps == [f"{python} scripts/make_env.py {setup_env} --smoke"]
 
 
 def test_a_template_update_in_a_temporary_folder_runs_nothing_heavy():

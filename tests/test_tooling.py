@@ -45,6 +45,21 @@ def test_pre_commit_hooks_pass_on_the_project_and_fix_a_bad_file(tmp_path):
     assert bad.read_text() == "x = [1, 2]\n"
 
 
+def test_pre_commit_hooks_find_the_ruff_of_venv_with_no_environment_activated(tmp_path):
+    # A commit from an IDE or a new terminal: "Executable `ruff` not found", and the commit was blocked.
+    project = render(tmp_path)
+    (project / ".venv" / "bin").mkdir(parents=True)
+    (project / ".venv" / "bin" / "ruff").symlink_to(Path(sys.executable).parent / "ruff")
+    bad = project / "src" / "image_classifier" / "scratch.py"
+    bad.write_text("import os\nx=[1,\n2]\n")
+    subprocess.run(["git", "add", str(bad)], cwd=project, check=True)
+    bare = {"PATH": os.pathsep.join(("/usr/bin", "/bin"))}  # git and sh, and no environment's tools
+    command = [sys.executable, "-m", "pre_commit", "run", "--files", str(bad)]
+    fixed = run_bounded(command, 300, cwd=project, env=os.environ | bare)
+    assert "not found" not in fixed.stdout + fixed.stderr, fixed.stdout + fixed.stderr
+    assert bad.read_text() == "x = [1, 2]\n"
+
+
 def test_make_lint_and_test_run_the_projects_commands(tmp_path):
     project = render(tmp_path)
     # `make` alone lists the targets; it was `install`, which builds .venv (5 GB of torch).

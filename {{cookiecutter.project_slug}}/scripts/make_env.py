@@ -58,7 +58,8 @@ def main() -> int:
     try:
         return make_and_check(options.how, options.log, options.smoke)
     except KeyboardInterrupt:  # what is installed stays, for the next run to go on from
-        again = " ".join(["python3", SCRIPT, options.how, "--smoke" if options.smoke else ""]).rstrip()
+        python = shlex.quote(sys.executable) if options.how == "current" else "python3"  # current: this one
+        again = " ".join([python, SCRIPT, options.how, "--smoke" if options.smoke else ""]).rstrip()
         say(f"\nSetup interrupted. To finish it: {again}", options.log)
         return 130
 

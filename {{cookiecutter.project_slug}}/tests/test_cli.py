@@ -294,6 +294,24 @@ def test_a_command_ends_without_pythons_teardown_but_with_all_that_comes_before_
     assert (tmp_path / "unclosed").read_text() == "written"
 
 
+def test_a_python_without_the_projects_packages_is_one_error_line(tmp_path):
+    # python3 where .venv is not activated (or `make doctor` of a project set up with another Python) ended
+    # in ModuleNotFoundError's traceback.
+    (tmp_path / "lightning.py").write_text("raise ModuleNotFoundError('No module named lightning', name='lightning')")
+    env = command_env()
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    done = subprocess.run([sys.executable, "-m", "{{ cookiecutter.package_name }}", "doctor"], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == (f"error: {sys.executable} has no module lightning, which this project needs: run it with "
+                           "its environment's Python (.venv/bin/python, which `make install` makes), or install the "
+                           "project into this one.\n")  # fmt: skip
+    # Imported by code, the package raises as any module does.
+    imported = subprocess.run([sys.executable, "-c", "import {{ cookiecutter.package_name }}"], capture_output=True,
+                              text=True, env=env, timeout=300)  # fmt: skip
+    assert imported.returncode == 1 and imported.stderr.endswith("ModuleNotFoundError: No module named lightning\n")
+
+
 def test_the_package_imports_form_no_cycle():
     # Imports inside functions count: they must not be a way around a cycle.
     package = Path(cli.__file__).parent

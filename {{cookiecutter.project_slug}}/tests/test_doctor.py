@@ -154,6 +154,15 @@ def test_the_w_and_b_loggers_package_missing_fails(monkeypatch, project_config):
     wandb = config(logger=project_config["trainer"]["logger"])
     assert [check.what for check in failures(NO_GPU, wandb)] == ["wandb, the W&B logger's package, is not installed"]
     assert failures(NO_GPU, config(logger={"class_path": "lightning.pytorch.loggers.CSVLogger"})) == []
+
+
+def test_a_wandb_mode_wandb_refuses_fails(monkeypatch, project_config):
+    # The smoke test trains with the CSV logger, and passed; fit then ended in W&B's traceback.
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    wandb = config(logger=project_config["trainer"]["logger"])
+    assert [(check.what, check.fix) for check in failures(NO_GPU, wandb)] == [
+        ("WANDB_MODE=bogus is no W&B mode", "set it to online, offline or disabled, or unset it")
+    ]
 {%- endif %}
 
 

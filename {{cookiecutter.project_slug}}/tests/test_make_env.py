@@ -105,6 +105,22 @@ def test_a_ctrl_c_during_the_install_says_how_to_finish_it(tmp_path):
     assert rest.endswith("Setup interrupted. To finish it: python3 scripts/make_env.py venv --smoke\n"), rest
 
 
+def test_a_ctrl_c_of_current_says_to_finish_with_this_python(monkeypatch, capsys, tmp_path):
+    # It said python3, which may lack the project's packages that this Python has.
+    spec = importlib.util.spec_from_file_location("make_env", copy_of_the_project_files(tmp_path))
+    make_env = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_env)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(make_env, "make_and_check", interrupted)
+    monkeypatch.setattr(sys, "argv", ["make_env.py", "current", "--smoke"])
+    monkeypatch.chdir(tmp_path)  # where main goes, the project's folder: back after the test
+    assert make_env.main() == 130
+    assert capsys.readouterr().out.endswith(f"To finish it: {sys.executable} scripts/make_env.py current --smoke\n")
+
+
 def test_a_python_of_the_projects_version_that_does_not_run_is_named_with_its_fix(tmp_path):
     # pyenv's shim of a version it has not selected: venv failed on it with the last line of pyenv's help.
     script = copy_of_the_project_files(tmp_path)

@@ -103,6 +103,17 @@ def test_explicit_mode_is_left_alone(no_wandb_settings, monkeypatch):
     assert os.environ["WANDB_MODE"] == "disabled"
 
 
+def test_a_mode_wandb_refuses_is_one_error_line_before_the_run(no_wandb_settings, monkeypatch, capsys, in_project_copy,
+                                                               tiny_shapes):  # fmt: skip
+    # W&B's own refusal came as the run started, in a pydantic traceback.
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    message = refusal(monkeypatch, capsys, "fit", *ON_CPU, *on_data(tiny_shapes), *ONE_BATCH)
+    assert message == "error: WANDB_MODE=bogus is no W&B mode: set it to online, offline or disabled, or unset it"
+    assert not (in_project_copy / "runs").exists()
+    for mode in ("online", "offline", "disabled"):  # each a mode the message names
+        assert wandb.Settings(mode=mode).mode == mode
+
+
 def test_each_run_keeps_its_config_in_its_folder_and_in_its_wandb_record(monkeypatch, in_project_copy, tiny_shapes):
     # An absolute runs/: the W&B service, started by an earlier test, writes the record from its own folder.
     runs = f"--trainer.logger.save_dir={in_project_copy / 'runs'}"

@@ -21,7 +21,7 @@ from ..hardware.checks import machine_facts, machine_of
 from ..hardware.rules import fastest_precision, from_trainer, problems, target
 {%- if cookiecutter.logger == "wandb" %}
 from ..training.resume import configured_loggers, is_wandb
-from ..training.wandb_logging import has_api_key
+from ..training.wandb_logging import has_api_key, wandb_mode_problem
 {%- endif %}
 from .smoke_test import smoke_test
 
@@ -136,6 +136,8 @@ def weights_check(backbone: str) -> Check:
 def wandb_check() -> Check:
     if importlib.util.find_spec("wandb") is None:  # fit would stop as the logger starts
         return Check("fail", "wandb, the W&B logger's package, is not installed", "pip install wandb")
+    if problem := wandb_mode_problem():
+        return Check("fail", problem.partition(": ")[0], problem.partition(": ")[2])
     if os.environ.get("WANDB_MODE"):
         return Check("info", f"W&B mode {os.environ['WANDB_MODE']} (from WANDB_MODE)")
     if has_api_key():

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
-from ..errors import PACKAGE
+from ..errors import PACKAGE, ConfigError, literal_choices
 from ..hardware.network import reachable
 from .csv_logging import AppendingExperimentWriter
 from .resume import SaveConfigWhole
@@ -26,6 +26,8 @@ def go_offline_unless_reachable(save_dir: str) -> None:
     server is unreachable. An explicit WANDB_MODE is left alone.
     """
     if os.environ.get("WANDB_MODE"):
+        if problem := wandb_mode_problem():
+            raise ConfigError(problem)
         return
     host = _server()
     if not has_api_key():
@@ -37,6 +39,20 @@ def go_offline_unless_reachable(save_dir: str) -> None:
     os.environ["WANDB_MODE"] = "offline"  # inherited by the processes of a multi-device run
     waiting = Path(save_dir) / "wandb" / "offline-run-*"
     rank_zero_info(f"W&B logs offline: {reason}. Upload later with `wandb sync {waiting}`.")
+
+
+def wandb_mode_problem() -> str | None:
+    """What is wrong with WANDB_MODE, if W&B would refuse it (with a traceback, as its run starts)."""
+    mode = os.environ.get("WANDB_MODE", "")
+    try:
+        from wandb.sdk.wandb_settings import Settings
+
+        modes = [str(choice) for choice in literal_choices(Settings.model_fields["mode"].annotation)]
+    except (ImportError, AttributeError, KeyError):  # another W&B than this was written against: it judges
+        return None
+    if not mode or not modes or mode in modes:
+        return None
+    return f"WANDB_MODE={mode} is no W&B mode: set it to online, offline or disabled, or unset it"
 
 
 def has_api_key() -> bool:
