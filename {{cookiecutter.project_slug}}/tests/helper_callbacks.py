@@ -141,18 +141,19 @@ class RecordOutputs(L.Callback):
 
 class SigtermAt(L.Callback):
     """Send this process (or only the one of this global rank) a SIGTERM at a training step, as SLURM
-    does before the time limit (None: as the sanity check ends, before the first step)."""
+    does before the time limit (None: as the sanity check ends, before the first step); or another
+    signal by name (SIGUSR1, which Lightning's SLURM docs have a job ask for)."""
 
-    def __init__(self, step: int | None, rank: int | None = None) -> None:
-        self.step, self.rank = step, rank
+    def __init__(self, step: int | None, rank: int | None = None, signal_name: str = "SIGTERM") -> None:
+        self.step, self.rank, self.signum = step, rank, getattr(signal, signal_name)
 
     def on_sanity_check_end(self, trainer: L.Trainer, pl_module) -> None:
         if self.step is None:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if self.rank in (None, trainer.global_rank) and trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)
 
 
 class SlowToEnd(L.Callback):

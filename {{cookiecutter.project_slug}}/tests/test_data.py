@@ -418,6 +418,20 @@ def test_every_process_keeps_a_full_batch(tiny_shapes):
     assert data.train_dataloader().drop_last is False
 
 
+def test_fewer_evaluation_images_than_processes_are_refused_in_one_line(tmp_path):
+    # The process left without one failed an assertion of Lightning's sampler, in a traceback.
+    make_folder(tmp_path, {"train/cat": 4, "train/dog": 4, "val/cat": 2, "val/dog": 1})
+    data = ImageDataModule(tmp_path, num_workers=0)
+    data.setup("fit")
+    data.trainer = SimpleNamespace(**vars(trainer_of(4)), strategy=None)
+    with pytest.raises(DataError, match=re.escape("3 validation image(s) for 4 processes, each of which evaluates one "
+                                                  "or more: add images, or evaluate on fewer devices "
+                                                  "(--trainer.devices 3).")):  # fmt: skip
+        data.val_dataloader()
+    data.trainer = SimpleNamespace(**vars(trainer_of(3)), strategy=None)
+    assert len(data.val_dataloader().sampler) == 1
+
+
 @pytest.mark.parametrize(
     ("classes", "processes", "batch_size", "trained"),
     [

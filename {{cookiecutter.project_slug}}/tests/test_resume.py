@@ -45,6 +45,7 @@ from {{ cookiecutter.package_name }}.training.run_folders import (
     IN_USE,
     hold_run,
     last_checkpoints,
+    refuse_choice,
     release_run,
     run_to_resume,
     trained_elsewhere,
@@ -224,6 +225,25 @@ def test_auto_passes_over_a_run_another_fit_trains_and_every_task_of_a_job_takes
     assert not told.parent.exists(), "a choice told once, to this start of the job only"
 
 
+def test_a_job_task_that_waits_for_a_choice_the_first_refused_after_making_ends_at_once(monkeypatch, tmp_path):
+    # Without srun's kill-on-bad-exit, the first task's refusal (the run's options changed) was deleted with its
+    # choice, and the second waited 300 s, then blamed the file system.
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    last.parent.mkdir(parents=True)
+    last.touch()
+    for name, value in {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "6"}.items():
+        monkeypatch.setenv(name, value)
+    assert run_to_resume(tmp_path, [last]) == last
+    refuse_choice("other settings than the run trained with (trainer.max_epochs 2 -> 3)")
+    release_run()  # as the first task's command ends
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=re.escape("The job's first task stopped: other settings than the run")):
+        run_to_resume(tmp_path, [last])
+    assert time.monotonic() - started < 5
+
+
 def test_auto_passes_over_a_run_another_fit_trains_in_a_process_of_its_own(tmp_path):
     older, newer = (tmp_path / name / "checkpoints" / "last.ckpt" for name in ("older", "newer"))
     for last in (older, newer):
@@ -383,6 +403,19 @@ def interrupted_run(monkeypatch, project: Path, tiny_shapes: Path) -> Path:
     (run,) = run_folders(project)
     assert saved_step(run / "checkpoints" / "last.ckpt") == 3
     return run
+
+
+def test_lightnings_slurm_requeue_signal_stops_a_run_as_sigterm_does(monkeypatch, in_project_copy, tiny_shapes):
+    # A job with Lightning's --signal=USR1@90 trained on past its signal (its handler saved a checkpoint
+    # from inside itself, which under DDP waited on the other processes for ever).
+    for name, value in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0",
+                        "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    usr1 = json.dumps({"class_path": "helper_callbacks.SigtermAt", "init_args": {"step": 2, "signal_name": "SIGUSR1"}})
+    run_command(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=1",
+                "--trainer.limit_val_batches=1", f"--trainer.callbacks+={usr1}", status=143)  # fmt: skip
+    (run,) = run_folders(in_project_copy)
+    assert saved_step(run / "checkpoints" / "last.ckpt") == 3
 
 
 def test_a_requeued_job_goes_on_with_its_own_run_whatever_its_first_start_was_given(
@@ -890,6 +923,17 @@ def test_a_full_disk_while_a_small_file_is_written_leaves_the_old_one(tmp_path):
         checkpoint_io.write_whole(kept, '["' + "long class name " * 10 + '"]\n')
     assert kept.read_text() == '["cat", "dog"]\n'
     assert [path.name for path in tmp_path.iterdir()] == ["class_names.json"], "staging file left behind"
+
+
+def test_a_checkpoint_that_fills_the_disk_is_one_error_line_naming_it(monkeypatch, in_project_copy, tiny_shapes):
+    # torch.save's "[enforce fail at inline_container.cc:672] . unexpected pos", after the OSError, in a traceback.
+    one_epoch = ["--trainer.max_epochs=1", "--trainer.limit_val_batches=1"]
+    with pytest.raises(SystemExit) as stopped, disk_full_past(100_000):  # the first checkpoint is megabytes
+        run_cli(monkeypatch, "fit", *TRAINER, *data(tiny_shapes), *one_epoch)
+    said = r"error: File too large: \S+/checkpoints/\S+\.ckpt \(raise the file-size limit.*\)"
+    assert re.fullmatch(said, stopped.value.code), stopped.value.code
+    (checkpoints,) = (in_project_copy / "runs" / "resume").glob("*/checkpoints")
+    assert [path.name for path in checkpoints.iterdir()] == ["class_names.json"], "staging file left behind"
 
 
 def test_a_resume_stopped_by_a_full_disk_leaves_no_half_config_for_the_next(monkeypatch, in_project_copy, tiny_shapes):

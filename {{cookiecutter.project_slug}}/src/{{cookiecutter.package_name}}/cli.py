@@ -91,8 +91,8 @@ from .training.resume import (
     run_root,
     saved_checkpoint,
 )
-from .training.run_folders import check_writable, hold_run, is_first_process, release_run
-from .training.sigterm import ends_while_blocked, signal_said
+from .training.run_folders import check_writable, hold_run, is_first_process, refuse_choice, release_run
+from .training.sigterm import ends_while_blocked, requeue_signal_as_sigterm, signal_said
 {%- if cookiecutter.logger == "wandb" %}
 from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -774,6 +774,7 @@ class ClassifierCLI(LightningCLI):
             trainer.callbacks = [LogLines() if isinstance(c, bars) else c for c in trainer.callbacks]
         if trainer.world_size > 1:
             trainer.strategy.setup_environment = functools.partial(meet_stoppably, trainer.strategy.setup_environment)
+        requeue_signal_as_sigterm(trainer)
         return trainer
 
     def check_run(self) -> None:
@@ -959,6 +960,7 @@ def main(args: list[str] | None = None) -> None:
         if wants_traceback():
             raise
         wait_for(getattr(error, "started", []))
+        refuse_choice(one_line(error))
         if getattr(error, "in_every_process", False) and started_by_local_rank_0():
             sys.exit(1)
         sys.exit(f"error: {one_line(error)}")

@@ -449,6 +449,12 @@ class ImageDataModule(L.LightningDataModule):
         shards = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
         if not shards or shards["num_replicas"] == 1 or shards_weights(self.trainer.strategy):
             return None
+        if len(dataset) < shards["num_replicas"]:  # a process with none would skip the evaluation the others sync in
+            split = "validation" if dataset is self.val_set else "test"
+            raise DataError(
+                f"{len(dataset)} {split} image(s) for {shards['num_replicas']} processes, each of which evaluates one "
+                f"or more: add images, or evaluate on fewer devices (--trainer.devices {len(dataset)})."
+            )
         return UnrepeatedDistributedSampler(dataset, shuffle=False, **shards)
 
     def predict_dataloader(self) -> DataLoader:

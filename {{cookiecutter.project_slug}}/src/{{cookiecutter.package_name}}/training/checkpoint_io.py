@@ -60,10 +60,14 @@ def written_whole(path: Path, mode: str = "w", newline: str | None = None) -> It
             file.flush()
             os.fsync(file.fileno())
         os.replace(staging, path)
-    except OSError as error:  # a full disk, a forbidden folder: told of the file asked for, not of its stand-in
-        if error.errno is not None and error.filename in (None, str(staging)):
-            error.filename, error.filename2 = str(path), None
-        raise
+    except (OSError, RuntimeError) as error:
+        # torch.save's zip writer turns a write's OSError (a full disk) into "unexpected pos": the OSError is told.
+        refused = error if isinstance(error, OSError) else error.__context__
+        if not isinstance(refused, OSError):
+            raise
+        if refused.errno is not None and refused.filename in (None, str(staging)):
+            refused.filename, refused.filename2 = str(path), None  # the file asked for, not its stand-in
+        raise refused from None
     finally:
         staging.unlink(missing_ok=True)
 

@@ -65,6 +65,7 @@ HELD_ELSEWHERE = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES, errno.EDEADLK}
 CHOSEN = f"{PACKAGE.upper()}_RESUMES"
 CHOICE_SECONDS = 300  # how long a SLURM job's other tasks wait for the first one's choice
 HOLD_SECONDS = 1.0  # how long hold_run waits out another process's look at the lock (trained_elsewhere)
+REFUSED = "refused: "  # a choice file's first words where the first task stopped instead of choosing
 _told: list[Path] = []  # the choices this process wrote for the other tasks of its SLURM job
 
 
@@ -239,7 +240,17 @@ def wait_for_choice(told: Path) -> Path | None:
             )
         time.sleep(0.2)
     chosen = told.read_text()
+    if chosen.startswith(REFUSED):
+        raise ConfigError(f"The job's first task stopped: {chosen.removeprefix(REFUSED)}")
     return Path(chosen) if chosen else None
+
+
+def refuse_choice(said: str) -> None:
+    """Tell the job's other tasks, which wait for the run this one chose, that it stopped instead, and
+    why (`said`): without kill-on-bad-exit they would wait CHOICE_SECONDS, then blame the file system."""
+    for told in _told:
+        write_whole(told, f"{REFUSED}{said}")
+    _told.clear()
 
 
 def release_run() -> None:

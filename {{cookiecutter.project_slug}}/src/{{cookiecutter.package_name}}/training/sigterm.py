@@ -13,10 +13,22 @@ import threading
 from collections.abc import Callable, Iterator
 from multiprocessing import forkserver, resource_tracker
 
+from lightning.fabric.plugins.environments import SLURMEnvironment
+
 
 def signal_said(signum: int) -> str:
     """A stop's signal as a user names it: Ctrl-C, or SIGTERM (Slurm, docker stop, kill)."""
     return "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+
+
+def requeue_signal_as_sigterm(trainer) -> None:
+    """Under SLURM, stop on Lightning's requeue signal (SIGUSR1, which its docs have a job ask for) as
+    on SIGTERM. Lightning's own handler saves a checkpoint inside the handler, where under DDP it waits
+    for the other processes, which are in a step: for ever. scripts/slurm.sbatch requeues the job itself."""
+    environment = trainer._accelerator_connector.cluster_environment  # what Lightning's handlers read
+    if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
+        environment.auto_requeue = False
+        signal.signal(environment.requeue_signal, lambda *_: signal.raise_signal(signal.SIGTERM))
 
 
 def leave_to(owner: int) -> None:
