@@ -6,6 +6,7 @@ from __future__ import annotations  # cookiecutter may run under a Python older 
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -62,10 +63,9 @@ def main() -> None:
         return
     start_git()
     smoke = ["--smoke"] if ANSWERS["smoke_test"] == "yes" else []
-    skipped = skip_reason()
-    if skipped:  # make_env.py, once run, says what to run next
+    if skipped := skip_reason():  # make_env.py, once run, says what to run next
         print(f"No environment or smoke test: {skipped}.")
-        print(f"\nNext:\n  cd {Path.cwd()}\n  {' '.join([*SETUP, *smoke])}")
+        print(f"\nNext:\n  cd {Path.cwd()}\n  {shlex.join([*SETUP, *smoke])}")
         return
     setup = subprocess.Popen([sys.executable, MAKE_ENV, SETUP_ENV, *smoke])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is make_env.py's, which says how to finish
@@ -117,4 +117,4 @@ if __name__ == "__main__":
         main()
     except (Exception, KeyboardInterrupt) as error:  # any exit status but 0 makes cookiecutter delete the project
         print(f"\nThe setup stopped: {error!r}")
-        print(f"The project is kept in {Path.cwd()}; set it up with: {' '.join(SETUP)}")
+        print(f"The project is kept in {Path.cwd()}; set it up with: {shlex.join(SETUP)}")

@@ -91,7 +91,7 @@ def is_timm_model(name: str) -> bool:
 
 
 def timm_fixed_side(name: str) -> int | None:
-    """The one image side a timm model takes (a ViT's, 224), where timm is here to say."""
+    """The image side a timm model is made for where timm flags it as fixed (a ViT's 224), if timm is here."""
     try:
         import timm
 
@@ -142,9 +142,8 @@ def hardware_problems(answers: dict[str, str]) -> list[str]:
 
 
 def side_problems(backbone: str, size: int) -> list[str]:
-    """The image size a backbone cannot take, as far as known here (the project checks any model as it builds it)."""
+    """The image size a torchvision backbone cannot take (the project checks any model as it builds it)."""
     one = next((side for prefix, side in ONE_SIDE.items() if backbone.startswith(prefix)), None)
-    one = timm_fixed_side(backbone) if backbone.startswith("timm/") else one
     if one is not None and size != one:
         return [f"{backbone} takes {one}-pixel images only, and image_size is {size}: answer image_size={one}."]
     least = next((side for prefix, side in SMALLEST_SIDE.items() if backbone.startswith(prefix)), 0)
@@ -217,6 +216,10 @@ def problems(answers: dict[str, str]) -> list[str]:
         found.append(f"image_size {size!r} is not a side in pixels between 16 and 4096 (e.g. image_size=224).")
     else:
         found += side_problems(backbone, int(size))
+        if backbone.startswith("timm/") and (side := timm_fixed_side(backbone)) not in (None, int(size)):
+            # timm's flag is looser than fit's check (a forward pass): some such models take other sizes too.
+            print(f"note: {backbone} was made for {side}-pixel images, and image_size is {size}: fit checks that it "
+                  f"takes them, and if not, says so (then use image_size {side}).")  # fmt: skip
     devices = answers["devices"]
     if devices != "auto" and not re.fullmatch(whole, devices):
         found.append(f"devices {devices!r} is neither a positive whole number nor auto (e.g. devices=1).")

@@ -53,11 +53,6 @@ REFUSED = [
     ({"package_name": "matplotlib"}, "shadows the module of that name that the project, its tools or tests use"),
     ({"backbone": "vit_b_16"}, "vit_b_16 takes 224-pixel images only, and image_size is 64: answer image_size=224."),
     ({"backbone": "inception_v3"}, "inception_v3 takes images of 75 pixels or more, and image_size is 64"),
-    # Rendered, then refused by fit.
-    (
-        {"backbone": "timm/vit_base_patch16_224"},
-        "timm/vit_base_patch16_224 takes 224-pixel images only, and image_size is 64",
-    ),
     (
         {"accelerator": "cpu", "strategy": "deepspeed"},
         "DeepSpeed runs on NVIDIA GPUs only, and accelerator is cpu: "
@@ -108,6 +103,15 @@ def test_a_timm_backbone_is_looked_up_in_timm(tmp_path):
     assert result.returncode == 0, result.stderr
     model = (tmp_path / "image-classifier/src/image_classifier/model.py").read_text()
     assert 'backbone: str = "timm/test_convnext.r160_in1k"' in model
+
+
+def test_a_timm_model_made_for_another_image_size_renders_with_a_note(tmp_path):
+    # Rendered without a word, then refused by fit; timm's flag alone does not refuse (crossvit_9_240 takes 224).
+    result = run_cookiecutter(tmp_path, backbone="timm/vit_tiny_patch16_224")
+    assert result.returncode == 0, result.stderr
+    assert "note: timm/vit_tiny_patch16_224 was made for 224-pixel images, and image_size is 64: fit" in result.stdout
+    assert "note: timm/" not in run_cookiecutter(tmp_path / "224", backbone="timm/vit_tiny_patch16_224",
+                                                 image_size="224").stdout  # fmt: skip
 
 
 def test_good_answers_render(tmp_path):

@@ -353,6 +353,22 @@ def test_bad_data_folders_end_in_one_line(monkeypatch, capsys, in_project_copy, 
     assert not (in_project_copy / "runs").exists()
 
 
+def test_fewer_validation_images_than_processes_are_refused_before_the_run(
+    monkeypatch, capsys, in_project_copy, tiny_shapes, tmp_path
+):
+    # A process with none failed an assertion of Lightning's sampler, in a traceback, after the run folder.
+    data = tmp_path / "data"
+    shutil.copytree(tiny_shapes / "train", data / "train")
+    (data / "val" / "circle").mkdir(parents=True)
+    shutil.copy(next((tiny_shapes / "val" / "circle").iterdir()), data / "val" / "circle")
+    two = ["--trainer.fast_dev_run=false", "--trainer.devices=2", "--trainer.strategy=ddp"]
+    assert refusal(monkeypatch, capsys, *fit(data, *two)) == (
+        "error: 1 validation image(s) for 2 processes, each of which evaluates one or more: add images, or evaluate "
+        "on 1 process(es) or fewer (--trainer.devices, --trainer.num_nodes)."
+    )
+    assert not (in_project_copy / "runs").exists()
+
+
 def test_consolidate_names_a_missing_checkpoint_apart_from_a_file(monkeypatch, capsys, tmp_path):
     missing = refusal(monkeypatch, capsys, "consolidate", str(tmp_path / "last.ckpt"), str(tmp_path / "out.ckpt"))
     assert missing == f"error: {tmp_path / 'last.ckpt'}: no such folder. Give a sharded checkpoint's folder " + (

@@ -21,7 +21,7 @@ def test_forward_gives_one_logit_per_class(backbone):
 
 
 def test_predicted_probabilities_keep_float32_digits_under_the_default_bf16_mixed():
-    # predict's CSV gave bfloat16's 3 digits (0.578125 where classify gave 0.580590).
+    # predict's CSV gave bfloat16's 3 digits (0.578125 where float32 gives 0.580590).
     model = ImageClassifier(num_classes=7, backbone="resnet18").eval()
     images = torch.randn(3, 3, 32, 32)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):

@@ -45,7 +45,6 @@ from {{ cookiecutter.package_name }}.training.run_folders import (
     IN_USE,
     hold_run,
     last_checkpoints,
-    refuse_choice,
     release_run,
     run_to_resume,
     trained_elsewhere,
@@ -225,22 +224,49 @@ def test_auto_passes_over_a_run_another_fit_trains_and_every_task_of_a_job_takes
     assert not told.parent.exists(), "a choice told once, to this start of the job only"
 
 
-def test_a_job_task_that_waits_for_a_choice_the_first_refused_after_making_ends_at_once(monkeypatch, tmp_path):
+def test_two_autos_started_together_never_take_one_run(monkeypatch, tmp_path):
+    # Both looked before either held the run: the second was then refused, "in use", instead of passing over.
+    older, newer = (tmp_path / name / "checkpoints" / "last.ckpt" for name in ("older", "newer"))
+    for last in (older, newer):
+        last.parent.mkdir(parents=True)
+        last.touch()
+    real_passed_over, holders = trained_elsewhere, []
+
+    def looked_before_the_other_held(last: Path) -> bool:
+        passed = bool(real_passed_over(last.parent.parent))
+        if last == newer:
+            holders.append(hold_in_another_process(newer.parent.parent, "fit"))
+        return passed
+
+    monkeypatch.setattr("{{ cookiecutter.package_name }}.training.run_folders.passed_over", looked_before_the_other_held)
+    try:
+        assert run_to_resume(tmp_path, [older, newer]) == older
+        assert trained_elsewhere(newer.parent.parent).startswith(f"process {holders[0].pid} on ")
+    finally:
+        for holder in holders:
+            holder.stdin.close()
+            holder.wait(timeout=60)
+        release_run()
+
+
+def test_a_job_task_that_waits_for_a_choice_the_first_refused_after_making_ends_at_once(
+    monkeypatch, capsys, in_project_copy, tiny_shapes
+):
     # Without srun's kill-on-bad-exit, the first task's refusal (the run's options changed) was deleted with its
     # choice, and the second waited 300 s, then blamed the file system.
-    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    last.parent.mkdir(parents=True)
-    last.touch()
+    run = interrupted_run(monkeypatch, in_project_copy, tiny_shapes)
+    capsys.readouterr()  # its output
     for name, value in {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "6"}.items():
         monkeypatch.setenv(name, value)
-    assert run_to_resume(tmp_path, [last]) == last
-    refuse_choice("other settings than the run trained with (trainer.max_epochs 2 -> 3)")
-    release_run()  # as the first task's command ends
-    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    refused = refusal(monkeypatch, capsys, "fit", *TRAINER, *data(tiny_shapes), "--trainer.max_epochs=2",
+                      "--trainer.limit_val_batches=1", "--ckpt_path=auto")  # fmt: skip
+    assert "with other options than config.yaml has: trainer.max_epochs 1 -> 2" in refused, refused
+    monkeypatch.setattr(rank_zero_only, "rank", 1)  # the job's second task, as it starts
     monkeypatch.setenv("SLURM_PROCID", "1")
     started = time.monotonic()
-    with pytest.raises(ConfigError, match=re.escape("The job's first task stopped: other settings than the run")):
-        run_to_resume(tmp_path, [last])
+    with pytest.raises(ConfigError) as stopped:
+        run_to_resume(run.parent, [run / "checkpoints" / "last.ckpt"])
+    assert str(stopped.value) == f"The job's first task stopped: {refused.removeprefix('error: ')}"
     assert time.monotonic() - started < 5
 
 

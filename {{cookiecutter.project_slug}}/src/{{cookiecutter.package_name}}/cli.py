@@ -53,6 +53,7 @@ from .errors import (
     wants_traceback,
 )
 from .hardware.checks import check_hardware, settle_precision
+from .hardware.sharding import shards_weights
 from .model import ImageClassifier, check_same_architecture, check_same_classes, check_same_optimizer_layout
 from .training.callbacks import EndWithLauncher, started_by_local_rank_0, take_over_started_processes, wait_for
 from .training.checkpoint_io import Trainer
@@ -92,7 +93,7 @@ from .training.resume import (
     saved_checkpoint,
 )
 from .training.run_folders import check_writable, hold_run, is_first_process, refuse_choice, release_run
-from .training.sigterm import ends_while_blocked, requeue_signal_as_sigterm, signal_said
+from .training.sigterm import REQUEUE_SIGNALS, ends_while_blocked, requeue_signal_as_sigterm, signal_said
 {%- if cookiecutter.logger == "wandb" %}
 from .training.wandb_logging import SaveConfigToRun, go_offline_unless_reachable
 {%- endif %}
@@ -789,8 +790,11 @@ class ClassifierCLI(LightningCLI):
         if self.subcommand == "fit" and self.trainer.limit_val_batches == 0:
             self.say_validation_off()
         self.datamodule.check_folders(self.subcommand)  # Lightning's stages have the subcommands' names
-        if self.subcommand in ("fit", "validate") and self.trainer.limit_val_batches != 0:
+        evaluates = self.subcommand not in ("fit", "validate") or self.trainer.limit_val_batches != 0
+        if evaluates and self.subcommand in ("fit", "validate"):
             self.datamodule.check_val_split()
+        if evaluates and self.trainer.world_size > 1 and not shards_weights(self.trainer.strategy):
+            self.datamodule.check_shares(self.subcommand, self.trainer.world_size)
         if self.subcommand == "test":
             self.datamodule.check_test_split()
 
@@ -946,6 +950,7 @@ def main(args: list[str] | None = None) -> None:
     # Set before training, Lightning's handlers and CheckpointOnStop's replace it while training runs.
     outside_training = signal.signal(signal.SIGTERM, stop_outside_training)
     interrupt = signal.getsignal(signal.SIGINT)  # Lightning's shutdown at a Ctrl-C leaves it ignored
+    requeue = {each: signal.getsignal(each) for each in REQUEUE_SIGNALS}  # taken as SIGTERM under SLURM
     try:
         with stop_unhidden():
             run_command(sys.argv[1:] if args is None else args, args)
@@ -967,10 +972,12 @@ def main(args: list[str] | None = None) -> None:
     except RuntimeError as error:
         if wants_traceback() or not (gone := other_process_gone(error)):
             raise
+        refuse_choice(gone)
         sys.exit(f"error: {gone}")
     except OSError as error:  # after UserError's: MissingError is one too
         if wants_traceback() or not (refused := refused_by_file_system(error)):
             raise
+        refuse_choice(refused)
         sys.exit(f"error: {refused}")
     except SIGTERMException as stopped:
         # The command that resumes comes last, after W&B's closing lines (which it prints at exit, colour
@@ -994,6 +1001,8 @@ def main(args: list[str] | None = None) -> None:
         GIVEN.clear()
         signal.signal(signal.SIGTERM, outside_training)
         signal.signal(signal.SIGINT, interrupt)  # for a notebook's or a test's next command, and what it starts
+        for each, handler in requeue.items():
+            signal.signal(each, signal.SIG_DFL if handler is None else handler)
 
 
 def options_given(args: list[str], group: str) -> set[str]:

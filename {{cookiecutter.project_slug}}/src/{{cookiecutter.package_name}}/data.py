@@ -449,13 +449,19 @@ class ImageDataModule(L.LightningDataModule):
         shards = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
         if not shards or shards["num_replicas"] == 1 or shards_weights(self.trainer.strategy):
             return None
-        if len(dataset) < shards["num_replicas"]:  # a process with none would skip the evaluation the others sync in
-            split = "validation" if dataset is self.val_set else "test"
-            raise DataError(
-                f"{len(dataset)} {split} image(s) for {shards['num_replicas']} processes, each of which evaluates one "
-                f"or more: add images, or evaluate on fewer devices (--trainer.devices {len(dataset)})."
-            )
+        split = "validation" if dataset is self.val_set else "test"
+        if said := too_few_to_share(len(dataset), shards["num_replicas"], split):
+            raise DataError(said)  # the CLI asks before a logger starts a run (check_shares); Python code, here
         return UnrepeatedDistributedSampler(dataset, shuffle=False, **shards)
+
+    def check_shares(self, stage: str, processes: int) -> None:
+        """Refuse to evaluate (`stage`: Lightning's) a split of fewer images than data-parallel processes,
+        before a logger starts a run."""
+        split = {"fit": "val", "validate": "val", "test": "test", "predict": "test" if self.test_set else "val"}
+        dataset = getattr(self, f"{split.get(stage)}_set", None)
+        named = "validation" if split.get(stage) == "val" else "test"
+        if dataset is not None and (said := too_few_to_share(len(dataset), processes, named)):
+            raise DataError(said)
 
     def predict_dataloader(self) -> DataLoader:
         self.predicted_split = "test" if self.test_set is not None else "val"
@@ -710,6 +716,17 @@ def start_worker(worker_id: int, rank: int, trainer_pid: int) -> None:
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask, which Slurm and taskset narrow)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def too_few_to_share(images: int, processes: int, split: str) -> str | None:
+    """Why `images` of an evaluated split cannot be shared by `processes` under DDP, each of which must
+    evaluate one or more: one with none would skip the evaluation whose metrics the others sync."""
+    if 0 < images < processes:
+        return (
+            f"{images} {split} image(s) for {processes} processes, each of which evaluates one or more: add "
+            f"images, or evaluate on {images} process(es) or fewer (--trainer.devices, --trainer.num_nodes)."
+        )
+    return None
 
 
 def auto_workers(cpus: int, devices: int) -> int:

@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import DeepSpeedStrategy, Strategy
 
+from ..errors import REFUSED_WRITES
 from ..hardware.network import is_remote
 from ..hardware.sharding import shards_weights
 
@@ -63,7 +64,7 @@ def written_whole(path: Path, mode: str = "w", newline: str | None = None) -> It
     except (OSError, RuntimeError) as error:
         # torch.save's zip writer turns a write's OSError (a full disk) into "unexpected pos": the OSError is told.
         refused = error if isinstance(error, OSError) else error.__context__
-        if not isinstance(refused, OSError):
+        if not isinstance(refused, OSError) or (refused is not error and refused.errno not in REFUSED_WRITES):
             raise
         if refused.errno is not None and refused.filename in (None, str(staging)):
             refused.filename, refused.filename2 = str(path), None  # the file asked for, not its stand-in

@@ -21,14 +21,26 @@ def signal_said(signum: int) -> str:
     return "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
 
 
+# The signal SLURM sends a job before its time limit where the job asks for it as Lightning's docs do
+# (--signal=USR1@90): taken as a SIGTERM (requeue_signal_as_sigterm), and left to the command by its helpers.
+REQUEUE_SIGNALS = {signal.SIGUSR1} if hasattr(signal, "SIGUSR1") else set()
+
+
 def requeue_signal_as_sigterm(trainer) -> None:
-    """Under SLURM, stop on Lightning's requeue signal (SIGUSR1, which its docs have a job ask for) as
-    on SIGTERM. Lightning's own handler saves a checkpoint inside the handler, where under DDP it waits
-    for the other processes, which are in a step: for ever. scripts/slurm.sbatch requeues the job itself."""
+    """Under SLURM, stop on Lightning's requeue signal as on SIGTERM. Lightning's own handler saves a
+    checkpoint inside the handler, where under DDP it waits for the other processes, which are in a step:
+    for ever. scripts/slurm.sbatch requeues the job itself. A handler set before (the user's) stays."""
     environment = trainer._accelerator_connector.cluster_environment  # what Lightning's handlers read
-    if isinstance(environment, SLURMEnvironment) and environment.requeue_signal is not None:
+    if not isinstance(environment, SLURMEnvironment) or environment.requeue_signal not in REQUEUE_SIGNALS:
+        return
+    on_main_thread = threading.current_thread() is threading.main_thread()  # where Python takes signals
+    if on_main_thread and signal.getsignal(environment.requeue_signal) in (signal.SIG_DFL, _as_sigterm):
         environment.auto_requeue = False
-        signal.signal(environment.requeue_signal, lambda *_: signal.raise_signal(signal.SIGTERM))
+        signal.signal(environment.requeue_signal, _as_sigterm)
+
+
+def _as_sigterm(signum: int, frame) -> None:
+    signal.raise_signal(signal.SIGTERM)
 
 
 def leave_to(owner: int) -> None:
@@ -40,6 +52,8 @@ def leave_to(owner: int) -> None:
     # fail the step the owner finishes before it saves (CheckpointOnStop), an HTTP server the requests
     # it had taken. Blocked below too, as a library may set a handler of its own (uvicorn does).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for requeue in REQUEUE_SIGNALS:  # its default would end this helper: the command stops on it, then ends it
+        signal.signal(requeue, signal.SIG_IGN)
     if not hasattr(signal, "sigtimedwait"):
         return
     # Threads started from here on inherit the mask; one started before would take the signal itself.
@@ -55,9 +69,10 @@ def start_forkserver() -> None:
     with the mask too, so that a worker the signal reaches before it leaves SIGTERM to the command
     (leave_to) keeps it pending; another process forked by this server (the forkserver context's,
     Python 3.14's default) needs SIGKILL. The server ends once the command and its workers have."""
-    resource_tracker.ensure_running()  # started first, as starting it unblocks SIGTERM
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, REQUEUE_SIGNALS)  # whose default would end them too
     try:
+        resource_tracker.ensure_running()  # started first, as starting it unblocks SIGTERM
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
