@@ -156,6 +156,17 @@ class SigtermAt(L.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SigtermAfterBatches(L.Callback):
+    """Send this process a SIGTERM after its `batches`-th training batch, whether an optimizer step ends it or not."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.fit_loop.epoch_loop.batch_progress.total.ready == self.batches:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 class SlowToEnd(L.Callback):
     """Hold the first process a while after a run has stopped, as a slow W&B upload or data-worker
     shutdown does: longer than Lightning's launcher waits between looks at the processes it started."""

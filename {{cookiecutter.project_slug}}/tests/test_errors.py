@@ -93,7 +93,9 @@ def fit(data_dir, *args: str) -> list[str]:
             "error: EarlyStopping: `mode` can be min, max, got maxx",
         ),
         ([EMA, "--trainer.callbacks.decay=1.5"], "error: ModelEMA decay must be above 0 and below 1, got 1.5"),
-        ([EMA, EMA], "error: --trainer.callbacks lists ModelEMA twice with the same settings (each config file's"),
+        # With other settings too (a recipe's and one added): Lightning takes one callback of each kind.
+        ([EMA, EMA, "--trainer.callbacks.decay=0.99"], "error: --trainer.callbacks lists ModelEMA twice (each config "),
+        (["--trainer.gradient_clip_val=-1"], "error: trainer.gradient_clip_val must be above 0, got -1 (null clips"),
         # An option before a config file that sets it too: replaced by the file's value, which trained 60 epochs.
         (
             ["--trainer.max_epochs", "1", "--config", "configs/recipe/scratch.yaml"],

@@ -76,6 +76,23 @@ def assert_same_training(one: dict, other: dict) -> None:
             assert torch.equal(value, resumed["state"][index][name]), f"optimizer state {index}.{name}"
 
 
+def test_a_run_stopped_inside_an_accumulation_window_saves_at_its_end_and_ends_as_the_uninterrupted_one(
+    in_project_copy, tiny_shapes
+):
+    # Saved after the window's first batch, whose gradients no checkpoint holds: the resumed run went on without them.
+    data = [*on_data(tiny_shapes), "--data.num_workers=0", "--trainer.accumulate_grad_batches=2"]
+    fit(*data, *logged_to("whole"))
+    # Sent after batch 4, taken at the next batch's end: the 5th, the first of a window.
+    sigterm = json.dumps({"class_path": "helper_callbacks.SigtermAfterBatches", "init_args": {"batches": 4}})
+    fit(*data, *logged_to("parts"), f"--trainer.callbacks+={sigterm}")
+    (interrupted,) = Path("parts").glob("run/*/checkpoints/last.ckpt")
+    assert torch.load(interrupted, weights_only=True)["global_step"] == 3  # after batch 6, the window's last
+    fit(*data, *logged_to("parts"), ckpt_path=str(interrupted))
+    whole = last_checkpoint(Path("whole"))
+    assert whole["global_step"] == 10  # 9 batches an epoch, in windows of 2 and a last of 1
+    assert_same_training(whole, last_checkpoint(Path("parts")))
+
+
 @pytest.mark.parametrize(
     ("dataset", "workers", "recipe", "step"),
     [

@@ -88,10 +88,14 @@ def test_pretrained_googlenet_drops_its_auxiliary_heads(monkeypatch):
     assert model(torch.randn(2, 3, 64, 64)).shape == (2, 4)
 
 
-def test_checkpoint_of_a_pretrained_model_reloads_offline(monkeypatch, tmp_path, tiny_shapes):
-    imagenet = torchvision.models.get_model("resnet18", weights=None).state_dict()
+@pytest.mark.parametrize("backbone", ["resnet18", "googlenet"])
+def test_checkpoint_of_a_pretrained_model_reloads_offline_as_it_trained(monkeypatch, tmp_path, tiny_shapes, backbone):
+    # googlenet (and inception_v3) came back without the input map torchvision sets with ImageNet weights
+    # (transform_input): every prediction of the reloaded model, and of its export, was another's.
+    extra = {"aux_logits": True, "init_weights": True} if backbone == "googlenet" else {}
+    imagenet = torchvision.models.get_model(backbone, weights=None, **extra).state_dict()
     monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", lambda *a, **k: imagenet)
-    model = ImageClassifier(num_classes=6, backbone="resnet18", pretrained=True)
+    model = ImageClassifier(num_classes=6, backbone=backbone, pretrained=True)
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     trainer.fit(model, ImageDataModule(tiny_shapes, num_workers=0, batch_size=8))
@@ -103,6 +107,15 @@ def test_checkpoint_of_a_pretrained_model_reloads_offline(monkeypatch, tmp_path,
     monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", offline)
     reloaded = ImageClassifier.load_from_checkpoint(tmp_path / "model.ckpt", map_location="cpu")
     assert torch.equal(reloaded.backbone.fc.weight, model.backbone.fc.weight)
+    images = torch.randn(2, 3, 64, 64)
+    # googlenet's input map, whose loss the near-constant outputs of a model this little trained hardly show.
+    assert getattr(reloaded.backbone, "transform_input", None) == getattr(model.backbone, "transform_input", None)
+    with torch.no_grad():  # to float32's rounding: the trained model's weights are laid out channels last
+        torch.testing.assert_close(reloaded.eval()(images), model.eval()(images), rtol=0, atol=1e-5)
+        # A new run started from its weights (model.init_weights) too.
+        started = ImageClassifier(num_classes=6, backbone=backbone, init_weights=str(tmp_path / "model.ckpt"))
+        torch.testing.assert_close(started.eval()(images), model(images), rtol=0, atol=1e-5)
+    assert getattr(started.backbone, "transform_input", None) == getattr(model.backbone, "transform_input", None)
 
 
 def fake_trainer(processes: int = 1, accumulate: int = 1, steps: float = 100) -> SimpleNamespace:

@@ -51,6 +51,12 @@ def batch(classes: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.rand(classes, 3, 8, 8), torch.arange(classes)  # one image of each class
 
 
+def test_gradients_clip_under_bf16_mixed_on_the_cpu(monkeypatch, in_project_copy, tiny_shapes):
+    # The CPU's fused AdamW, which Lightning refuses to clip under mixed precision: a traceback at the first step.
+    bf16 = ["--trainer.accelerator=cpu", "--trainer.precision=bf16-mixed", "--trainer.fast_dev_run=true"]
+    run_cli(monkeypatch, "fit", *bf16, *on_data(tiny_shapes), "--trainer.gradient_clip_val=0.5")
+
+
 def test_mixup_blends_each_image_with_its_neighbour_and_the_labels_alike():
     images, labels = batch()
     state = torch.random.get_rng_state()

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from conftest import ON_CPU, PROJECT_ROOT, command_env, free_port, on_data, refusal, run_command
 from litserve.test_examples import SimpleLitAPI
 from PIL import Image
@@ -376,6 +377,15 @@ def test_a_server_that_cannot_start_says_why_in_one_line(monkeypatch, capsys, tm
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     (tmp_path / "broken.onnx").write_bytes(b"not a graph")
     assert reason in refusal(monkeypatch, capsys, "serve", *given)
+
+
+def test_weights_that_do_not_load_are_one_line_before_serving(monkeypatch, capsys, model, tmp_path):
+    # Each worker failed to load them in a traceback, after "Serving ... at http://...".
+    saved = torch.load(model, map_location="cpu", weights_only=True)
+    saved["state_dict"].pop("backbone.fc.bias")
+    torch.save(saved, tmp_path / "doctored.ckpt")
+    line = refusal(monkeypatch, capsys, "serve", f"--model={tmp_path / 'doctored.ckpt'}", f"--port={free_port()}")
+    assert line.startswith(f"error: The weights in {tmp_path / 'doctored.ckpt'} do not fit the model"), line
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])

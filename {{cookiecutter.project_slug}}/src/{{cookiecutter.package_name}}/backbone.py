@@ -112,6 +112,9 @@ def keep_resolution_through_stem(model: nn.Module, name: str) -> None:
     model.maxpool = nn.Identity()
 
 
+BUILT_WITH = "backbone_built_with"  # the checkpoint's key of built_with
+
+
 def _build(name: str, num_classes: int, pretrained: bool) -> nn.Module:
     check_backbone_name(name)
     # Auxiliary heads only add a second output to handle; they are off in every backbone we build.
@@ -167,6 +170,19 @@ def pretrained_weights_missing(name: str) -> str | None:
     return f"The pretrained {name} weights are not in the cache and {host} cannot be reached. {_fetch_by_hand(weights)}"
 
 
+def built_with(model: nn.Module) -> dict:
+    """What torchvision sets as it builds a backbone with ImageNet weights that no state_dict holds: googlenet's
+    and inception_v3's transform_input, an affine map of the input their weights were trained behind. Kept in
+    the checkpoint: a model rebuilt from it (without the download) would see other inputs than it trained on."""
+    return {"transform_input": model.transform_input} if hasattr(model, "transform_input") else {}
+
+
+def build_as(model: nn.Module, built: dict) -> None:
+    """Set on `model` what built_with kept of the backbone as it trained."""
+    for name, value in built.items():
+        setattr(model, name, value)
+
+
 def load_trained_weights(
     model: nn.Module, name: str, checkpoint: str, num_classes: int, class_names: list[str] | None
 ) -> None:
@@ -185,6 +201,7 @@ def load_trained_weights(
         )
     weights = {key.removeprefix("backbone."): value for key, value in saved["state_dict"].items()
                if key.startswith("backbone.")}  # fmt: skip
+    build_as(model, saved.get(BUILT_WITH, {}))
     same_classes = trained.get("num_classes") == num_classes and (
         trained.get("class_names") == class_names or None in (trained.get("class_names"), class_names)
     )

@@ -686,6 +686,8 @@ class ClassifierCLI(LightningCLI):
             raise ConfigError(OWN_OPTIMIZER)  # from a config file; kept as options for the null in runs' configs
         if (accumulate := config.trainer.accumulate_grad_batches) < 1:  # Lightning would divide by it
             raise ConfigError(f"trainer.accumulate_grad_batches must be 1 or more, got {accumulate}")
+        if (clip := config.trainer.gradient_clip_val) is not None and clip <= 0:  # Lightning would clip nothing
+            raise ConfigError(f"trainer.gradient_clip_val must be above 0, got {clip} (null clips nothing)")
         check_hardware(config.trainer)
         settle_precision(config.trainer)
         torch.set_float32_matmul_precision(config.float32_matmul_precision)
@@ -765,8 +767,8 @@ class ClassifierCLI(LightningCLI):
                 raise  # not Lightning's refusal of a setting
             if twice := re.search(r"more than one stateful callback of type `(\w+)`", str(error)):
                 raise ConfigError(
-                    f"--trainer.callbacks lists {twice.group(1)} twice with the same settings (each config file's "
-                    "callbacks+ and each --trainer.callbacks+= add one): keep one."
+                    f"--trainer.callbacks lists {twice.group(1)} twice (each config file's callbacks+ and each "
+                    "--trainer.callbacks+= add one), and a run takes one: keep one, with the settings you want."
                 ) from error
             raise ConfigError(one_line(error)) from error
         if not sys.stdout.isatty():

@@ -17,7 +17,15 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-from .backbone import build_backbone, check_image_size, head_names, load_trained_weights
+from .backbone import (
+    BUILT_WITH,
+    build_as,
+    build_backbone,
+    built_with,
+    check_image_size,
+    head_names,
+    load_trained_weights,
+)
 from .datasets.sampling import run_seed
 from .errors import ConfigError, DataError, check_choices
 from .hardware.sharding import cast_buffers_with_parameters, fully_shard_blocks, shards_weights, share_buffers
@@ -328,8 +336,10 @@ class ImageClassifier(L.LightningModule):
         else:
             # On a CPU torch steps AdamW one tensor at a time unless asked (a fifth of a resnet18 step);
             # its fused kernel steps them all at once. Elsewhere torch's own pick (foreach on GPUs) stays,
-            # as it does for sharded parameters.
+            # as it does for sharded parameters, and where gradients are clipped: Lightning refuses to
+            # clip a fused optimizer's under mixed precision.
             fused = self.device.type == "cpu" and not shards_weights(self.trainer.strategy)
+            fused = fused and not self.trainer.gradient_clip_val
             optimizer = torch.optim.AdamW(groups, lr=self.scaled_lr(report=not resumed), fused=fused or None)
         self._optimizer_class = type(optimizer).__name__
         check_same_optimizer_class(self._saved_optimizer_class, self._optimizer_class)
@@ -464,6 +474,7 @@ class ImageClassifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # The weights are in the checkpoint: rebuilding the model from it must not download or read them.
         checkpoint["hyper_parameters"].update(pretrained=False, init_weights=None)
+        checkpoint[BUILT_WITH] = built_with(self.backbone)  # what the rebuilt model then lacks
         checkpoint["random_state"] = random_state.capture()
         checkpoint["optimizer_class"] = self._optimizer_class
         if epoch_goes_on_after(self.trainer):
@@ -477,6 +488,7 @@ class ImageClassifier(L.LightningModule):
         self.trained_until = {"epoch": checkpoint.get("epoch", 0), "step": checkpoint.get("global_step", 0)}
         self._resumed_random_state = checkpoint.get("random_state")
         self._resumed_train_metrics = checkpoint.get("train_metrics_so_far")
+        build_as(self.backbone, checkpoint.get(BUILT_WITH, {}))
         check_same_classes(checkpoint.get("hyper_parameters", {}).get("class_names"), self.hparams.class_names)
         fitting = self._trainer is not None and self._trainer.state.fn == TrainerFn.FITTING  # not load_from_checkpoint
         averaged = fitting and any(isinstance(callback, WeightAveraging) for callback in self._trainer.callbacks)

@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from ..cli import configured_runs
 from ..datasets.images import DECODE_ERRORS
 from ..errors import PACKAGE, CommandParser, ConfigError
+from ..model import load_trained
 from ..training import sigterm
 from ..training.predictions import top_classes
 from ..training.resume import check_checkpoint
@@ -264,6 +265,8 @@ def main(args: list[str]) -> int:
     model = options.model or best_checkpoint(options.runs or configured_runs(), "--model")
     if not is_onnx(model):
         check_checkpoint(str(model), "--model", takes_onnx=True)
+        # Read once here, where weights that do not load are one line; each worker would fail in a traceback.
+        load_trained(model, "cpu")
 
     predictor = Predictor(model)
     api = ClassifierAPI(predictor, options.top_k, options.max_batch_size, options.batch_timeout)

@@ -76,6 +76,10 @@ class CheckpointOnStop(L.Callback):
             os.write(2, f"\n{said}\n".encode())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if trainer.fit_loop.epoch_loop._should_accumulate():  # Lightning's own test, alike in every process
+            # Inside an accumulation window, whose gradients a checkpoint does not hold: stopped at its end.
+            trainer._signal_connector.received_sigterm = False
+            return
         self._agree_on_stop(trainer)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
