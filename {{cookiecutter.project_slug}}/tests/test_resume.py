@@ -224,31 +224,6 @@ def test_auto_passes_over_a_run_another_fit_trains_and_every_task_of_a_job_takes
     assert not told.parent.exists(), "a choice told once, to this start of the job only"
 
 
-def test_two_autos_started_together_never_take_one_run(monkeypatch, tmp_path):
-    # Both looked before either held the run: the second was then refused, "in use", instead of passing over.
-    older, newer = (tmp_path / name / "checkpoints" / "last.ckpt" for name in ("older", "newer"))
-    for last in (older, newer):
-        last.parent.mkdir(parents=True)
-        last.touch()
-    real_passed_over, holders = trained_elsewhere, []
-
-    def looked_before_the_other_held(last: Path) -> bool:
-        passed = bool(real_passed_over(last.parent.parent))
-        if last == newer:
-            holders.append(hold_in_another_process(newer.parent.parent, "fit"))
-        return passed
-
-    monkeypatch.setattr("{{ cookiecutter.package_name }}.training.run_folders.passed_over", looked_before_the_other_held)
-    try:
-        assert run_to_resume(tmp_path, [older, newer]) == older
-        assert trained_elsewhere(newer.parent.parent).startswith(f"process {holders[0].pid} on ")
-    finally:
-        for holder in holders:
-            holder.stdin.close()
-            holder.wait(timeout=60)
-        release_run()
-
-
 def test_a_job_task_that_waits_for_a_choice_the_first_refused_after_making_ends_at_once(
     monkeypatch, capsys, in_project_copy, tiny_shapes
 ):

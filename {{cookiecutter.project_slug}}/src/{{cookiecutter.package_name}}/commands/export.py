@@ -49,8 +49,9 @@ def sample_images(sources: list[Path], preprocessing: Preprocessing, count: int 
     return torch.stack(images)
 
 
-def onnx_metadata(model: ImageClassifier, preprocessing: Preprocessing) -> dict[str, str]:
-    """What a server needs besides the graph: the classes, and the preprocessing of its input."""
+def export_metadata(model: ImageClassifier, preprocessing: Preprocessing) -> dict[str, str]:
+    """What a server needs besides the graph: the classes, and the preprocessing of its input (ONNX's
+    metadata, a .pt2's extra files)."""
     side = preprocessing.image_size
     return {
         "class_names": json.dumps(model.label_names()),
@@ -70,7 +71,7 @@ def export(served: ServedClassifier, images: torch.Tensor, form: str, output: Pa
     example = images if len(images) > 1 else images.repeat(2, 1, 1, 1)
     if form == "pt2":
         program = torch.export.export(served, (example,), dynamic_shapes={"images": {0: batch}})
-        torch.export.save(program, output)
+        torch.export.save(program, output, extra_files=metadata)
         return torch.export.load(output).module()(images)
     program = torch.onnx.export(
         served, (example,), dynamo=True, input_names=["images"], output_names=["probabilities"],
@@ -127,7 +128,7 @@ def main(args: list[str]) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         expected = served(images)
-        exported = export(served, images, form, output, onnx_metadata(model, preprocessing))
+        exported = export(served, images, form, output, export_metadata(model, preprocessing))
     print(f"Wrote {output}: uint8 images N x 3 x {side} x {side} in, {expected.shape[1]} class probabilities out.")
     if exported is None:
         print("Not run: onnxruntime is not installed (pip install onnxruntime), so no comparison was made.")

@@ -119,16 +119,9 @@ def hold_run(run: Path, command: str) -> None:
     and W&B's steps. The OS lock goes with the process however it ends (on NFS, after a node's crash,
     with the server's lease). One process writes one run at a time (a command that trains several, in turn),
     so holding one lets go of the one before."""
-    if (holder := held_by_another(run, command)) is not None:
-        raise in_use(run.resolve(), holder, command)
-
-
-def held_by_another(run: Path, command: str) -> str | None:
-    """Hold `run` for this process, as hold_run does; or, where another process holds it, leave it and
-    name that process ("" where its name cannot be read)."""
     run = run.resolve()
     if run in _held:
-        return None
+        return
     try:
         run.mkdir(parents=True, exist_ok=True)
         fd = os.open(run / IN_USE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -147,8 +140,8 @@ def held_by_another(run: Path, command: str) -> str | None:
             os.close(fd)
             if error.errno not in HELD_ELSEWHERE:
                 rank_zero_warn(f"{run} cannot be locked ({error.strerror}): nothing keeps a second command out of it.")
-                return None
-            return holder
+                return
+            raise in_use(run, holder, command) from None
     let_go_held()
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
@@ -158,7 +151,6 @@ def held_by_another(run: Path, command: str) -> str | None:
     _held[run] = fd
     if command == "fit" and "SLURM_JOB_ID" in os.environ:
         write_whole(run / SLURM_JOB, os.environ["SLURM_JOB_ID"])
-    return None
 
 
 def in_use(run: Path, holder: str, command: str) -> ConfigError:
@@ -223,7 +215,7 @@ def run_to_resume(root: Path, unfinished: list[Path]) -> Path | None:
     apart = int(env.get("WORLD_SIZE", "1")) > 1 or "NODE_RANK" in env or "TORCHELASTIC_RUN_ID" in env
     if not first or (apart and not tasks):
         return unfinished[-1] if unfinished else None
-    chosen = next((last for last in reversed(unfinished) if not passed_over(last) and not taken_meanwhile(last)), None)
+    chosen = next((last for last in reversed(unfinished) if not passed_over(last)), None)
     env[CHOSEN] = str(chosen or "")
     if tasks:
         told.parent.mkdir(parents=True, exist_ok=True)
@@ -236,17 +228,6 @@ def passed_over(last: Path) -> bool:
     if holder := trained_elsewhere(last.parent.parent):
         rank_zero_info(f"--ckpt_path auto: passing over {last.parent.parent}, which {holder} is training")
     return bool(holder)
-
-
-def taken_meanwhile(last: Path) -> bool:
-    """Whether another fit took the run of `last` since passed_over looked (two `--ckpt_path auto` started
-    together): this one holds it from now on, else passes it over too (not a run an evaluation holds, as
-    trained_elsewhere does not: hold_run says so)."""
-    holder = held_by_another(last.parent.parent, "fit")
-    if holder is None or " (fit, since " not in holder:
-        return False
-    rank_zero_info(f"--ckpt_path auto: passing over {last.parent.parent}, which {holder} is training")
-    return True
 
 
 def wait_for_choice(told: Path) -> Path | None:
