@@ -91,7 +91,7 @@ def test_pretrained_googlenet_drops_its_auxiliary_heads(monkeypatch):
 @pytest.mark.parametrize("backbone", ["resnet18", "googlenet"])
 def test_checkpoint_of_a_pretrained_model_reloads_offline_as_it_trained(monkeypatch, tmp_path, tiny_shapes, backbone):
     # googlenet (and inception_v3) came back without the input map torchvision sets with ImageNet weights
-    # (transform_input): every prediction of the reloaded model, and of its export, was another's.
+    # (transform_input): every prediction of the reloaded model was another model's.
     extra = {"aux_logits": True, "init_weights": True} if backbone == "googlenet" else {}
     imagenet = torchvision.models.get_model(backbone, weights=None, **extra).state_dict()
     monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", lambda *a, **k: imagenet)
