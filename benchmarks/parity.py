@@ -108,13 +108,14 @@ def run_lightning(project: Project, args, total: int) -> tuple[list[float], floa
 def run_plain(project: Project, args, total: int) -> tuple[list[float], float]:
     built = project.build()
     datamodule, model, precision = built.datamodule, built.model, built.trainer.precision
-    # What the model's hooks read from the trainer, for a single device, no accumulation and no checkpoint.
+    # What the model's hooks read from the trainer, for a single device, no accumulation, clipping or checkpoint.
     model.trainer = SimpleNamespace(
         estimated_stepping_batches=total,
         accumulate_grad_batches=1,
         distributed_sampler_kwargs=None,
         strategy=SimpleNamespace(),
         ckpt_path=None,
+        gradient_clip_val=None,
     )
     # The hooks Lightning calls around the training step, in its order: the model may change its
     # layout (channels_last) in configure_model, and the data module finish batches on the device.
