@@ -122,7 +122,8 @@ def fake_trainer(processes: int = 1, accumulate: int = 1, steps: float = 100) ->
     """What configure_optimizers reads of a Trainer running `processes` data-parallel processes, from no checkpoint."""
     shards = {"num_replicas": processes, "rank": 0} if processes > 1 else None
     return SimpleNamespace(distributed_sampler_kwargs=shards, accumulate_grad_batches=accumulate, ckpt_path=None,
-                           estimated_stepping_batches=steps, strategy=SimpleNamespace(), gradient_clip_val=None)  # fmt: skip
+                           estimated_stepping_batches=steps, strategy=SimpleNamespace(),
+                           gradient_clip_val=None)  # fmt: skip
 
 
 @pytest.mark.parametrize("backbone", ["resnet18", "resnext50_32x4d"])
